@@ -1,0 +1,154 @@
+// common.cuh -- what every op family shares: the context, error reporting,
+// checked calls, the descriptor/plan cache and the launch geometry helpers.
+// Internal to the library (the public ABI is cydnn.h).
+#pragma once
+
+#include <cstdarg>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <cublas_v2.h>
+
+#include "cydnn.h"
+
+namespace cydnn {
+
+class MemoryPool;  // memory.cu
+
+// Anything an op wants to build once per shape and reuse (descriptors, chosen
+// algorithms) derives from Plan; the context owns it and destroys it.
+struct Plan {
+    virtual ~Plan() = default;
+};
+
+}  // namespace cydnn
+
+struct cydnnContext {
+    int device = 0;
+    cudaStream_t stream = nullptr;
+    cudnnHandle_t cudnn = nullptr;
+    cublasHandle_t cublas = nullptr;
+    int allow_tf32 = 0;
+    int deterministic = 0;
+    size_t workspace_limit = size_t(64) << 20;
+
+    cydnn::MemoryPool *pool = nullptr;
+
+    // One workspace shared by every op on this stream (stream order makes the
+    // reuse safe).  Grown on demand, never past workspace_limit.
+    void *workspace = nullptr;
+    size_t workspace_size = 0;
+
+    // Pinned host buffer for host<->device copies, and the event recorded
+    // after its last use so the next copy does not overwrite it too early.
+    void *staging = nullptr;
+    size_t staging_size = 0;
+    cudaEvent_t staging_free = nullptr;
+
+    // Plans built once per shape, keyed by a readable string, e.g.
+    // "conv:n=64,c=1,h=28,w=28,k=6,...".
+    std::unordered_map<std::string, std::unique_ptr<cydnn::Plan>> plans;
+};
+
+namespace cydnn {
+
+// ---------------------------------------------------------------- errors
+// Record a failure in the thread-local buffer and return `status`.
+cydnnStatus_t fail(cydnnStatus_t status, int library_status, const char *fmt, ...);
+
+cydnnStatus_t cuda_failure(cudaError_t err, const char *op, const char *call);
+cydnnStatus_t cudnn_failure(cudnnStatus_t err, const char *op, const char *call);
+cydnnStatus_t cublas_failure(cublasStatus_t err, const char *op, const char *call);
+
+// Workspace of at least `bytes` (from the pool); fails if over the limit.
+cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op);
+
+// Pool allocations for temporaries inside an op (freed back to the pool at
+// the end of the op; stream order makes the reuse safe).
+cydnnStatus_t pool_alloc(cydnnContext *ctx, size_t bytes, void **ptr);
+cydnnStatus_t pool_free(cydnnContext *ctx, void *ptr);
+
+// Look up a plan by key; nullptr when not built yet.
+template <class P>
+P *find_plan(cydnnContext *ctx, const std::string &key) {
+    auto it = ctx->plans.find(key);
+    return it == ctx->plans.end() ? nullptr : static_cast<P *>(it->second.get());
+}
+
+template <class P>
+P *store_plan(cydnnContext *ctx, const std::string &key, std::unique_ptr<P> plan) {
+    P *raw = plan.get();
+    ctx->plans[key] = std::move(plan);
+    return raw;
+}
+
+std::string format(const char *fmt, ...);
+
+// ------------------------------------------------------------- launches
+constexpr int kThreads = 256;
+
+inline unsigned int blocks_for(size_t count, int threads = kThreads) {
+    size_t b = (count + threads - 1) / threads;
+    // A grid-stride loop covers whatever a capped grid leaves.
+    return (unsigned int)(b < 65535 * 32 ? (b == 0 ? 1 : b) : 65535 * 32);
+}
+
+// The counter-based hash behind dropout and augmentation (splitmix64).  The
+// numpy twin computes the same numbers.
+__host__ __device__ inline uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+}  // namespace cydnn
+
+// ------------------------------------------------------------ check macros
+// Each returns from the enclosing function (which returns cydnnStatus_t) with
+// the library's status and message recorded, prefixed by the op's name.
+#define CYDNN_CUDA(op, call)                                                   \
+    do {                                                                       \
+        cudaError_t e_ = (call);                                               \
+        if (e_ != cudaSuccess) return cydnn::cuda_failure(e_, op, #call);      \
+    } while (0)
+
+#define CYDNN_CUDNN(op, call)                                                  \
+    do {                                                                       \
+        cudnnStatus_t e_ = (call);                                             \
+        if (e_ != CUDNN_STATUS_SUCCESS) return cydnn::cudnn_failure(e_, op, #call); \
+    } while (0)
+
+#define CYDNN_CUBLAS(op, call)                                                 \
+    do {                                                                       \
+        cublasStatus_t e_ = (call);                                            \
+        if (e_ != CUBLAS_STATUS_SUCCESS) return cydnn::cublas_failure(e_, op, #call); \
+    } while (0)
+
+// After every kernel launch (as llm.c does): catches bad launch configurations.
+#define CYDNN_LAUNCH_CHECK(op, kernel)                                         \
+    do {                                                                       \
+        cudaError_t e_ = cudaGetLastError();                                   \
+        if (e_ != cudaSuccess) return cydnn::cuda_failure(e_, op, "launch of " kernel); \
+    } while (0)
+
+// Propagate a cydnnStatus_t from a helper.
+#define CYDNN_TRY(call)                                                        \
+    do {                                                                       \
+        cydnnStatus_t s_ = (call);                                             \
+        if (s_ != CYDNN_STATUS_SUCCESS) return s_;                             \
+    } while (0)
+
+// Refuse what would corrupt memory before touching the device.
+#define CYDNN_REQUIRE(op, cond, ...)                                           \
+    do {                                                                       \
+        if (!(cond))                                                           \
+            return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, op ": " __VA_ARGS__); \
+    } while (0)
+
+#define CYDNN_REQUIRE_CTX(op, ctx) CYDNN_REQUIRE(op, (ctx) != nullptr, "context is NULL")

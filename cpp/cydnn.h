@@ -1,0 +1,237 @@
+/*
+ * cydnn.h -- the C ABI of the cydnn CUDA library.
+ *
+ * Plain C on purpose: the Cython layer includes this header and is compiled by
+ * the host C++ compiler, without CUDA headers.  Pointers to device memory are
+ * plain `float *` / `void *`; the CUDA stream is handed out as `void *`.
+ *
+ * Conventions
+ *   - Every function returns a cydnnStatus_t.  On failure the library keeps a
+ *     message (thread-local) readable with cydnn_last_error_message() and the
+ *     status of the library that failed (cudaError_t, cudnnStatus_t or
+ *     cublasStatus_t) with cydnn_last_library_status().
+ *   - Nothing in this library exits, aborts or prints.
+ *   - Tensors are dense, row-major (NCHW for images), float32 unless stated.
+ *   - Every op is enqueued on the context's stream and returns without
+ *     synchronising the host, except the explicit copies to host memory.
+ *   - Callers validate shapes before calling (the Python layer does); the C
+ *     layer still refuses what would corrupt memory (null pointers, sizes < 1).
+ */
+#ifndef CYDNN_H
+#define CYDNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ status */
+typedef enum {
+    CYDNN_STATUS_SUCCESS = 0,
+    CYDNN_STATUS_CUDA_ERROR = 1,         /* a CUDA runtime call or a kernel launch failed */
+    CYDNN_STATUS_CUDNN_ERROR = 2,        /* a cuDNN call failed */
+    CYDNN_STATUS_CUBLAS_ERROR = 3,       /* a cuBLAS call failed */
+    CYDNN_STATUS_OUT_OF_MEMORY = 4,      /* the pool could not get device memory, even after emptying its cache */
+    CYDNN_STATUS_DEVICE_UNAVAILABLE = 5, /* no driver, no device, or a driver too old */
+    CYDNN_STATUS_INVALID_ARGUMENT = 6    /* a null pointer or an impossible size reached the C layer */
+} cydnnStatus_t;
+
+/* The message of the last failure on this thread ("" if none). */
+const char *cydnn_last_error_message(void);
+/* The failing library's own status code for the last failure on this thread. */
+int cydnn_last_library_status(void);
+/* Forget the last failure on this thread. */
+void cydnn_clear_error(void);
+
+/* --------------------------------------------------------- device queries */
+/* Number of usable CUDA devices; 0 when there is no driver or no device. Never fails. */
+int cydnn_device_count(void);
+/* SUCCESS if device `device` can be used, else DEVICE_UNAVAILABLE with the reason. */
+cydnnStatus_t cydnn_check_device(int device);
+cydnnStatus_t cydnn_device_name(int device, char *buf, size_t len);
+/* Memory on the device as the driver sees it. */
+cydnnStatus_t cydnn_device_memory_info(int device, size_t *free_bytes, size_t *total_bytes);
+
+typedef struct {
+    int cuda_runtime;    /* e.g. 13000 */
+    int cuda_driver;     /* 0 when no driver is installed */
+    size_t cudnn;        /* cudnnGetVersion(), e.g. 91900 */
+    int cublas;          /* major*10000 + minor*100 + patch, from cublasGetProperty */
+    int compiled_cudnn;  /* CUDNN_VERSION this library was compiled against */
+} cydnnVersions;
+/* Works without a GPU. */
+void cydnn_versions(cydnnVersions *out);
+
+/* ---------------------------------------------------------------- context */
+/* One context per device: a non-blocking stream, one cuDNN handle and one
+ * cuBLAS handle bound to that stream, the caching memory pool, pinned host
+ * staging buffers and the per-shape descriptor caches.  Created lazily on
+ * first use and kept until cydnn_context_release_all() (process exit). */
+typedef struct cydnnContext cydnnContext;
+
+cydnnStatus_t cydnn_context_get(int device, cydnnContext **ctx);
+void cydnn_context_release_all(void);
+int cydnn_context_device(const cydnnContext *ctx);
+void *cydnn_context_stream(const cydnnContext *ctx); /* a cudaStream_t */
+cydnnStatus_t cydnn_context_synchronize(cydnnContext *ctx);
+
+/* Math settings, read by every op at call time.
+ *  allow_tf32:    let cuDNN/cuBLAS use TF32 tensor cores for float32 (default 0).
+ *  deterministic: pick only deterministic convolution algorithms (default 0). */
+cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf32, int deterministic);
+/* Upper bound of the convolution workspace, in bytes (default 64 MiB). */
+cydnnStatus_t cydnn_context_set_workspace_limit(cydnnContext *ctx, size_t bytes);
+
+/* ----------------------------------------------------------------- memory */
+/* Caching allocator.  Sizes are rounded up to size classes; a freed block goes
+ * back to the pool and is reused by the next request of its class (best fit
+ * among cached blocks no more than twice the request).  When cudaMalloc fails
+ * the pool frees its whole cache and retries once before OUT_OF_MEMORY. */
+typedef struct {
+    size_t allocated_bytes;       /* in blocks handed out now (rounded sizes) */
+    size_t reserved_bytes;        /* obtained from cudaMalloc and not yet freed */
+    size_t peak_allocated_bytes;
+    size_t peak_reserved_bytes;
+    size_t requested_bytes;       /* sum of the sizes asked for, blocks handed out now */
+    uint64_t num_allocs;          /* cydnn_malloc calls that succeeded */
+    uint64_t num_frees;
+    uint64_t num_device_mallocs;  /* cudaMalloc calls made by the pool */
+    uint64_t num_device_frees;    /* cudaFree calls made by the pool */
+    uint64_t num_cache_hits;      /* allocations served from the cache */
+    uint64_t num_ooms;            /* OUT_OF_MEMORY returned */
+} cydnnMemoryStats;
+
+cydnnStatus_t cydnn_malloc(cydnnContext *ctx, size_t nbytes, void **ptr);
+cydnnStatus_t cydnn_free(cydnnContext *ctx, void *ptr);
+cydnnStatus_t cydnn_empty_cache(cydnnContext *ctx);
+cydnnStatus_t cydnn_memory_stats(cydnnContext *ctx, cydnnMemoryStats *out);
+cydnnStatus_t cydnn_reset_peak_memory_stats(cydnnContext *ctx);
+/* Debug aid: when on, every block handed out is filled with 0xFF bytes (a NaN
+ * for float32, -1 for int32) so that an element an op forgot to write shows. */
+cydnnStatus_t cydnn_set_poison(cydnnContext *ctx, int on);
+
+/* Copies.  Host->device goes through a pinned staging buffer when it fits
+ * (8 MiB), then returns without waiting for the device.  Device->host waits
+ * for the stream (the data is needed on the host).  Device->device and memset
+ * are asynchronous. */
+cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
+cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
+cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
+cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes);
+
+/* ------------------------------------------------------------ convolution */
+/* x (n, c, h, w), weight (k, c, kh, kw), bias (k) or NULL, y (n, k, oh, ow) with
+ * oh = (h + 2*pad_h - kh) / stride_h + 1 and likewise ow.  cuDNN, cross-correlation
+ * (as PyTorch).  Algorithms are found by measurement once per geometry and
+ * math setting, then cached with their descriptors. */
+typedef struct {
+    int n, c, h, w;       /* input */
+    int k, kh, kw;        /* filters */
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+} cydnnConvGeometry;
+
+cydnnStatus_t cydnn_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                 const float *x, const float *weight, const float *bias, float *y);
+cydnnStatus_t cydnn_conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                       const float *dy, const float *weight, float *dx);
+cydnnStatus_t cydnn_conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                         const float *x, const float *dy, float *dweight);
+cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                       const float *dy, float *dbias);
+
+/* ---------------------------------------------------------------- pooling */
+/* x (n, c, h, w), y (n, c, oh, ow), oh = (h + 2*pad_h - kh) / stride_h + 1.
+ * Max pooling ignores padding; average pooling counts the padding (as PyTorch's
+ * default count_include_pad=True).  Max backward is a custom kernel that routes
+ * each gradient to the first maximum of its window (row-major order). */
+typedef struct {
+    int n, c, h, w;
+    int kh, kw;
+    int stride_h, stride_w;
+    int pad_h, pad_w;
+} cydnnPoolGeometry;
+
+cydnnStatus_t cydnn_max_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g,
+                                     const float *x, float *y);
+cydnnStatus_t cydnn_max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g,
+                                      const float *x, const float *dy, float *dx);
+cydnnStatus_t cydnn_avg_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g,
+                                     const float *x, float *y);
+cydnnStatus_t cydnn_avg_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g,
+                                      const float *x, const float *y, const float *dy, float *dx);
+
+/* ------------------------------------------------------------ activations */
+/* Elementwise over `count` floats.  ReLU: custom kernels (float4 loads when
+ * aligned).  Tanh and sigmoid: cuDNN activation.  Backward of each takes the
+ * forward's output y: relu' = (y > 0), tanh' = 1 - y^2, sigmoid' = y (1 - y). */
+cydnnStatus_t cydnn_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
+cydnnStatus_t cydnn_relu_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count);
+cydnnStatus_t cydnn_tanh_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
+cydnnStatus_t cydnn_tanh_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count);
+cydnnStatus_t cydnn_sigmoid_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
+cydnnStatus_t cydnn_sigmoid_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count);
+/* Dropout with a counter-based hash (see cydnn_hash in kernels): element i is
+ * kept when (splitmix64(seed ^ splitmix64(i)) >> 40) >= threshold, where
+ * threshold = round(p * 2^24).  mask[i] = kept ? 1/(1-p) : 0; y = x * mask. */
+cydnnStatus_t cydnn_dropout_forward(cydnnContext *ctx, const float *x, float *y, float *mask,
+                                    size_t count, uint32_t threshold, float scale, uint64_t seed);
+/* dx = dy * mask (also the generic elementwise product). */
+cydnnStatus_t cydnn_mul(cydnnContext *ctx, const float *a, const float *b, float *out, size_t count);
+
+/* ----------------------------------------------------------------- linear */
+/* x (n, in), weight (out, in) as PyTorch, bias (out) or NULL, y (n, out):
+ * y = x weight^T + bias.  cuBLAS SGEMM on row-major data.  Backward writes
+ * dx (n, in), dweight (out, in), dbias (out); dx and dbias may be NULL. */
+cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const float *weight,
+                                   const float *bias, float *y, int n, int in_features, int out_features);
+cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight,
+                                    const float *dy, float *dx, float *dweight, float *dbias,
+                                    int n, int in_features, int out_features);
+
+/* ------------------------------------------------------------ losses, softmax */
+/* x, y (n, c).  cuDNN softmax over each row, accurate mode; log=1 gives log_softmax. */
+cydnnStatus_t cydnn_softmax_forward(cydnnContext *ctx, const float *x, float *y, int n, int c, int log);
+/* One fused kernel: loss = mean_i(logsumexp(logits_i) - logits_i[label_i]) and
+ * dlogits = (softmax(logits) - onehot(labels)) / n.  loss is one device float.
+ * labels are int32 in [0, c); a label out of range makes its row's loss and
+ * gradient NaN and is counted in *bad_labels (one device int32, may be NULL). */
+cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits, const int32_t *labels,
+                                          int n, int c, float *loss, float *dlogits, int32_t *bad_labels);
+
+/* -------------------------------------------------------------- optimizers */
+/* One fused kernel per parameter tensor, in place.
+ * SGD as PyTorch: g = grad + weight_decay * p; with momentum: buf = first_step ? g
+ * : momentum * buf + (1 - dampening) * g; g = nesterov ? g + momentum * buf : buf;
+ * p -= lr * g.  momentum_buf may be NULL when momentum == 0. */
+cydnnStatus_t cydnn_sgd_update(cydnnContext *ctx, float *param, const float *grad, float *momentum_buf,
+                               size_t count, float lr, float momentum, float dampening,
+                               float weight_decay, int nesterov, int first_step);
+/* Adam (decoupled = 0: g += weight_decay * p) and AdamW (decoupled = 1:
+ * p *= 1 - lr * weight_decay) as PyTorch; step counts from 1. */
+cydnnStatus_t cydnn_adam_update(cydnnContext *ctx, float *param, const float *grad, float *m, float *v,
+                                size_t count, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, int decoupled, int step);
+
+/* -------------------------------------------------------------------- data */
+/* Builds a training batch from a dataset kept on the device.
+ * images (n_images, h, w) uint8, labels (n_images) int32, indices (batch) int32
+ * (each in [0, n_images), validated by the caller).  out_images (batch, 1, h +
+ * 2 pad, w + 2 pad) float32: pixel / 255, shifted by (sy, sx) in [-max_shift,
+ * max_shift] per image (zero fill), placed with `pad` zero pixels around, then
+ * normalised (v - mean) / std.  The shift of batch row b comes from
+ * r = splitmix64(seed ^ splitmix64(b)): sx = (r & 0xffffffff) % (2 max_shift + 1)
+ * - max_shift, sy = (r >> 32) % (2 max_shift + 1) - max_shift.
+ * out_labels (batch) int32 = labels[indices]; may be NULL with labels NULL. */
+cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                 int n_images, int h, int w, const int32_t *indices, int batch,
+                                 float mean, float std, int pad, int max_shift, uint64_t seed,
+                                 float *out_images, int32_t *out_labels);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CYDNN_H */

@@ -60,6 +60,8 @@ namespace cydnn {
 // ---------------------------------------------------------------- errors
 // Record a failure in the thread-local buffer and return `status`.
 cydnnStatus_t fail(cydnnStatus_t status, int library_status, const char *fmt, ...);
+// An INVALID_ARGUMENT failure, message "<op>: <formatted text>".
+cydnnStatus_t fail_invalid(const char *op, const char *fmt, ...);
 
 cydnnStatus_t cuda_failure(cudaError_t err, const char *op, const char *call);
 cydnnStatus_t cudnn_failure(cudnnStatus_t err, const char *op, const char *call);
@@ -148,7 +150,7 @@ __host__ __device__ inline uint64_t splitmix64(uint64_t z) {
 #define CYDNN_REQUIRE(op, cond, ...)                                           \
     do {                                                                       \
         if (!(cond))                                                           \
-            return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, op ": " __VA_ARGS__); \
+            return cydnn::fail_invalid(op, __VA_ARGS__);                       \
     } while (0)
 
 #define CYDNN_REQUIRE_CTX(op, ctx) CYDNN_REQUIRE(op, (ctx) != nullptr, "context is NULL")

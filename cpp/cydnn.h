@@ -68,11 +68,11 @@ void cydnn_versions(cydnnVersions *out);
 /* One context per device: a non-blocking stream, one cuDNN handle and one
  * cuBLAS handle bound to that stream, the caching memory pool, pinned host
  * staging buffers and the per-shape descriptor caches.  Created lazily on
- * first use and kept until cydnn_context_release_all() (process exit). */
+ * first use and kept for the life of the process (device arrays may be freed
+ * at any time up to interpreter exit, so the context is never torn down). */
 typedef struct cydnnContext cydnnContext;
 
 cydnnStatus_t cydnn_context_get(int device, cydnnContext **ctx);
-void cydnn_context_release_all(void);
 int cydnn_context_device(const cydnnContext *ctx);
 void *cydnn_context_stream(const cydnnContext *ctx); /* a cudaStream_t */
 cydnnStatus_t cydnn_context_synchronize(cydnnContext *ctx);
@@ -81,8 +81,18 @@ cydnnStatus_t cydnn_context_synchronize(cydnnContext *ctx);
  *  allow_tf32:    let cuDNN/cuBLAS use TF32 tensor cores for float32 (default 0).
  *  deterministic: pick only deterministic convolution algorithms (default 0). */
 cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf32, int deterministic);
+/* Number of per-shape plans (descriptor sets, chosen algorithms) built so far:
+ * constant once every shape has been seen (no descriptor is made after warm-up). */
+size_t cydnn_context_plan_count(const cydnnContext *ctx);
 /* Upper bound of the convolution workspace, in bytes (default 64 MiB). */
 cydnnStatus_t cydnn_context_set_workspace_limit(cydnnContext *ctx, size_t bytes);
+
+/* Test hook: make one harmless call that the named library refuses, so each
+ * error path (status, message, Python exception) can be tested for real.
+ * which: 1 CUDA (cudaSetDevice of a device that does not exist), 2 cuDNN (a
+ * tensor descriptor with a negative size), 3 cuBLAS (a GEMM with m = -1),
+ * 4 the pool (freeing a pointer it never handed out). */
+cydnnStatus_t cydnn_debug_fail(cydnnContext *ctx, int which);
 
 /* ----------------------------------------------------------------- memory */
 /* Caching allocator.  Sizes are rounded up to size classes; a freed block goes

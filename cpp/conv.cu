@@ -1,0 +1,417 @@
+// conv.cu -- 2-D convolution through cuDNN's legacy convolution API.
+//
+//   y = conv(x, weight) + bias        x (n, c, h, w), weight (k, c, kh, kw), y (n, k, oh, ow)
+//   dx = conv_backward_data(dy, weight)
+//   dweight = conv_backward_filter(x, dy)
+//   dbias[k] = sum of dy over n, oh, ow
+//
+// Cross-correlation (no kernel flip), as PyTorch.  Everything cuDNN needs for
+// one geometry lives in a ConvPlan, built on the first call that sees the
+// geometry and cached in the context: the tensor / filter / convolution
+// descriptors and, per direction, the algorithm cuDNN measured to be the
+// fastest together with its workspace size.  The forward algorithm is measured
+// on the first forward call, the backward ones on the first backward call
+// (the forward has no dy to measure with).  After that warm-up a call creates
+// no descriptor and allocates nothing from the driver.
+//
+// Math settings (read from the context at every call and part of the plan key):
+//   allow_tf32 = 0: the descriptor asks for CUDNN_FMA_MATH and any measured
+//                   result that used tensor-op math is skipped: plain fp32.
+//   allow_tf32 = 1: the descriptor asks for CUDNN_DEFAULT_MATH while measuring,
+//                   then each direction runs with the math type of its winner.
+//   deterministic:  only results with determinism == CUDNN_DETERMINISTIC count.
+#include <climits>
+#include <new>
+
+#include "common.cuh"
+
+namespace {
+
+struct ConvPlan : cydnn::Plan {
+    cudnnTensorDescriptor_t x_desc = nullptr;     // (n, c, h, w)
+    cudnnTensorDescriptor_t y_desc = nullptr;     // (n, k, oh, ow)
+    cudnnTensorDescriptor_t bias_desc = nullptr;  // (1, k, 1, 1)
+    cudnnFilterDescriptor_t w_desc = nullptr;     // (k, c, kh, kw)
+    cudnnConvolutionDescriptor_t conv_desc = nullptr;
+
+    // The math type the convolution descriptor holds right now, the one to
+    // measure with, and whether tensor-op results may win (allow_tf32).
+    cudnnMathType_t desc_math = CUDNN_DEFAULT_MATH;
+    cudnnMathType_t search_math = CUDNN_DEFAULT_MATH;
+    bool allow_tf32 = false;
+    bool deterministic = false;
+
+    // One chosen algorithm per direction; *_found is false until measured.
+    bool fwd_found = false;
+    cudnnConvolutionFwdAlgo_t fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    size_t fwd_workspace = 0;
+    cudnnMathType_t fwd_math = CUDNN_DEFAULT_MATH;
+
+    bool bwd_data_found = false;
+    cudnnConvolutionBwdDataAlgo_t bwd_data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+    size_t bwd_data_workspace = 0;
+    cudnnMathType_t bwd_data_math = CUDNN_DEFAULT_MATH;
+
+    bool bwd_filter_found = false;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+    size_t bwd_filter_workspace = 0;
+    cudnnMathType_t bwd_filter_math = CUDNN_DEFAULT_MATH;
+
+    ~ConvPlan() override {
+        // Destroy failures cannot be reported from a destructor; ignore them.
+        if (conv_desc) cudnnDestroyConvolutionDescriptor(conv_desc);
+        if (w_desc) cudnnDestroyFilterDescriptor(w_desc);
+        if (bias_desc) cudnnDestroyTensorDescriptor(bias_desc);
+        if (y_desc) cudnnDestroyTensorDescriptor(y_desc);
+        if (x_desc) cudnnDestroyTensorDescriptor(x_desc);
+    }
+};
+
+const float kOne = 1.0f;
+const float kZero = 0.0f;
+
+bool is_tensor_op_math(cudnnMathType_t m) {
+    return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// Refuse a geometry that cannot describe real tensors.
+cydnnStatus_t check_geometry(const char *op, const cydnnConvGeometry *g) {
+    if (g == nullptr)
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, "%s: geometry is NULL", op);
+    if (g->n < 1 || g->c < 1 || g->h < 1 || g->w < 1 || g->k < 1 || g->kh < 1 || g->kw < 1)
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0,
+                           "%s: sizes must be >= 1 (n=%d c=%d h=%d w=%d k=%d kh=%d kw=%d)", op,
+                           g->n, g->c, g->h, g->w, g->k, g->kh, g->kw);
+    if (g->stride_h < 1 || g->stride_w < 1 || g->pad_h < 0 || g->pad_w < 0)
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0,
+                           "%s: strides must be >= 1 and pads >= 0 (stride %dx%d, pad %dx%d)", op,
+                           g->stride_h, g->stride_w, g->pad_h, g->pad_w);
+    // In 64 bits so that huge pads cannot overflow.
+    if ((long long)g->h + 2LL * g->pad_h > INT_MAX || (long long)g->w + 2LL * g->pad_w > INT_MAX)
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, "%s: padded size overflows int", op);
+    if ((long long)g->h + 2LL * g->pad_h < g->kh || (long long)g->w + 2LL * g->pad_w < g->kw)
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0,
+                           "%s: the %dx%d filter is larger than the padded %lldx%lld input", op,
+                           g->kh, g->kw, (long long)g->h + 2LL * g->pad_h,
+                           (long long)g->w + 2LL * g->pad_w);
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// Set the math type on the convolution descriptor, only when it changes.
+cydnnStatus_t use_math(ConvPlan *plan, cudnnMathType_t math, const char *op) {
+    if (plan->desc_math != math) {
+        CYDNN_CUDNN(op, cudnnSetConvolutionMathType(plan->conv_desc, math));
+        plan->desc_math = math;
+    }
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// Build the descriptors for this geometry and math setting, or find them in
+// the context's cache.  No algorithm is chosen here.
+cydnnStatus_t get_plan(cydnnContext *ctx, const cydnnConvGeometry *g, const char *op,
+                       ConvPlan **out) {
+    const std::string key = cydnn::format(
+        "conv:n=%d,c=%d,h=%d,w=%d,k=%d,kh=%d,kw=%d,sh=%d,sw=%d,ph=%d,pw=%d,tf32=%d,det=%d,ws=%zu",
+        g->n, g->c, g->h, g->w, g->k, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h, g->pad_w,
+        ctx->allow_tf32 ? 1 : 0, ctx->deterministic ? 1 : 0, ctx->workspace_limit);
+    if (ConvPlan *found = cydnn::find_plan<ConvPlan>(ctx, key)) {
+        *out = found;
+        return CYDNN_STATUS_SUCCESS;
+    }
+
+    // Built into a unique_ptr: on any failure below its destructor frees
+    // whatever descriptors were created so far.
+    auto plan = std::make_unique<ConvPlan>();
+    plan->allow_tf32 = ctx->allow_tf32 != 0;
+    plan->deterministic = ctx->deterministic != 0;
+    plan->search_math = plan->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+
+    CYDNN_CUDNN(op, cudnnCreateTensorDescriptor(&plan->x_desc));
+    CYDNN_CUDNN(op, cudnnCreateTensorDescriptor(&plan->y_desc));
+    CYDNN_CUDNN(op, cudnnCreateTensorDescriptor(&plan->bias_desc));
+    CYDNN_CUDNN(op, cudnnCreateFilterDescriptor(&plan->w_desc));
+    CYDNN_CUDNN(op, cudnnCreateConvolutionDescriptor(&plan->conv_desc));
+
+    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                               g->n, g->c, g->h, g->w));
+    CYDNN_CUDNN(op, cudnnSetFilter4dDescriptor(plan->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                               g->k, g->c, g->kh, g->kw));
+    CYDNN_CUDNN(op, cudnnSetConvolution2dDescriptor(plan->conv_desc, g->pad_h, g->pad_w,
+                                                    g->stride_h, g->stride_w, 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CYDNN_CUDNN(op, cudnnSetConvolutionMathType(plan->conv_desc, plan->search_math));
+    plan->desc_math = plan->search_math;
+
+    // cuDNN's output size must agree with the formula in cydnn.h, which is
+    // what the caller allocated y / dy with.
+    int yn = 0, yk = 0, oh = 0, ow = 0;
+    CYDNN_CUDNN(op, cudnnGetConvolution2dForwardOutputDim(plan->conv_desc, plan->x_desc,
+                                                          plan->w_desc, &yn, &yk, &oh, &ow));
+    const int expect_oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
+    const int expect_ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
+    if (yn != g->n || yk != g->k || oh != expect_oh || ow != expect_ow)
+        return cydnn::fail(CYDNN_STATUS_CUDNN_ERROR, 0,
+                           "%s: cuDNN output shape (%d, %d, %d, %d) differs from (%d, %d, %d, %d)",
+                           op, yn, yk, oh, ow, g->n, g->k, expect_oh, expect_ow);
+    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                               yn, yk, oh, ow));
+    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->bias_desc, CUDNN_TENSOR_NCHW,
+                                               CUDNN_DATA_FLOAT, 1, g->k, 1, 1));
+
+    *out = cydnn::store_plan(ctx, key, std::move(plan));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// The workspace to measure algorithms with: as large as the context allows;
+// if the device cannot give that much, measure with none (algorithms that
+// need no workspace always exist).
+cydnnStatus_t search_workspace(cydnnContext *ctx, const char *op, void **ws, size_t *bytes) {
+    *bytes = ctx->workspace_limit;
+    cydnnStatus_t s = cydnn::get_workspace(ctx, *bytes, ws, op);
+    if (s == CYDNN_STATUS_OUT_OF_MEMORY) {
+        cydnn_clear_error();  // recovered below: not a failure of the op
+        *bytes = 0;
+        s = cydnn::get_workspace(ctx, 0, ws, op);
+    }
+    return s;
+}
+
+// Pick the fastest usable result of a Find call.  A result is usable when it
+// ran (status SUCCESS), fits the workspace it was measured with, is
+// deterministic if the plan asks for that, and does not use tensor-op math
+// unless TF32 is allowed.  Returns the index, or -1 if none is usable.
+template <class Perf>
+int pick_fastest(const ConvPlan *plan, const Perf *perf, int count, size_t workspace_bytes) {
+    int best = -1;
+    for (int i = 0; i < count; ++i) {
+        const Perf &p = perf[i];
+        if (p.status != CUDNN_STATUS_SUCCESS) continue;
+        if (p.memory > workspace_bytes) continue;
+        if (plan->deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
+        if (!plan->allow_tf32 && is_tensor_op_math(p.mathType)) continue;
+        if (best < 0 || p.time < perf[best].time) best = i;
+    }
+    return best;
+}
+
+cydnnStatus_t no_algorithm(const ConvPlan *plan, const char *op, int returned) {
+    return cydnn::fail(CYDNN_STATUS_CUDNN_ERROR, CUDNN_STATUS_NOT_SUPPORTED,
+                       "%s: none of the %d algorithms cuDNN measured is usable "
+                       "(allow_tf32=%d, deterministic=%d)",
+                       op, returned, plan->allow_tf32 ? 1 : 0, plan->deterministic ? 1 : 0);
+}
+
+// The math type a direction runs with: the winner's when TF32 is allowed,
+// else FMA (the winner was measured under FMA and is not a tensor-op one).
+cudnnMathType_t run_math(const ConvPlan *plan, cudnnMathType_t winner) {
+    return plan->allow_tf32 ? winner : CUDNN_FMA_MATH;
+}
+
+// Measure the forward algorithms on the caller's buffers (y is overwritten,
+// then rewritten by the real call that follows).
+cydnnStatus_t find_forward(cydnnContext *ctx, ConvPlan *plan, const float *x, const float *w,
+                           float *y, const char *op) {
+    void *ws = nullptr;
+    size_t ws_bytes = 0;
+    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
+    CYDNN_TRY(use_math(plan, plan->search_math, op));
+
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int returned = 0;
+    CYDNN_CUDNN(op, cudnnFindConvolutionForwardAlgorithmEx(
+                        ctx->cudnn, plan->x_desc, x, plan->w_desc, w, plan->conv_desc,
+                        plan->y_desc, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws,
+                        ws_bytes));
+    const int best = pick_fastest(plan, perf, returned, ws_bytes);
+    if (best < 0) return no_algorithm(plan, op, returned);
+
+    plan->fwd_algo = perf[best].algo;
+    plan->fwd_workspace = perf[best].memory;
+    plan->fwd_math = run_math(plan, perf[best].mathType);
+    plan->fwd_found = true;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t find_backward_data(cydnnContext *ctx, ConvPlan *plan, const float *dy,
+                                 const float *w, float *dx, const char *op) {
+    void *ws = nullptr;
+    size_t ws_bytes = 0;
+    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
+    CYDNN_TRY(use_math(plan, plan->search_math, op));
+
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int returned = 0;
+    CYDNN_CUDNN(op, cudnnFindConvolutionBackwardDataAlgorithmEx(
+                        ctx->cudnn, plan->w_desc, w, plan->y_desc, dy, plan->conv_desc,
+                        plan->x_desc, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf,
+                        ws, ws_bytes));
+    const int best = pick_fastest(plan, perf, returned, ws_bytes);
+    if (best < 0) return no_algorithm(plan, op, returned);
+
+    plan->bwd_data_algo = perf[best].algo;
+    plan->bwd_data_workspace = perf[best].memory;
+    plan->bwd_data_math = run_math(plan, perf[best].mathType);
+    plan->bwd_data_found = true;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t find_backward_filter(cydnnContext *ctx, ConvPlan *plan, const float *x,
+                                   const float *dy, float *dw, const char *op) {
+    void *ws = nullptr;
+    size_t ws_bytes = 0;
+    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
+    CYDNN_TRY(use_math(plan, plan->search_math, op));
+
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int returned = 0;
+    CYDNN_CUDNN(op, cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                        ctx->cudnn, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
+                        plan->w_desc, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
+                        perf, ws, ws_bytes));
+    const int best = pick_fastest(plan, perf, returned, ws_bytes);
+    if (best < 0) return no_algorithm(plan, op, returned);
+
+    plan->bwd_filter_algo = perf[best].algo;
+    plan->bwd_filter_workspace = perf[best].memory;
+    plan->bwd_filter_math = run_math(plan, perf[best].mathType);
+    plan->bwd_filter_found = true;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// ------------------------------------------------------------------ ops
+
+cydnnStatus_t conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                           const float *weight, const float *bias, float *y) {
+    const char *op = "conv_forward";
+    CYDNN_REQUIRE_CTX("conv_forward", ctx);
+    CYDNN_TRY(check_geometry(op, g));
+    CYDNN_REQUIRE("conv_forward", x != nullptr, "x is NULL");
+    CYDNN_REQUIRE("conv_forward", weight != nullptr, "weight is NULL");
+    CYDNN_REQUIRE("conv_forward", y != nullptr, "y is NULL");
+
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan));
+    if (!plan->fwd_found) CYDNN_TRY(find_forward(ctx, plan, x, weight, y, op));
+
+    void *ws = nullptr;
+    CYDNN_TRY(cydnn::get_workspace(ctx, plan->fwd_workspace, &ws, op));
+    CYDNN_TRY(use_math(plan, plan->fwd_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionForward(ctx->cudnn, &kOne, plan->x_desc, x, plan->w_desc,
+                                            weight, plan->conv_desc, plan->fwd_algo, ws,
+                                            plan->fwd_workspace, &kZero, plan->y_desc, y));
+    // y += bias, broadcast over n, oh, ow.
+    if (bias != nullptr)
+        CYDNN_CUDNN(op, cudnnAddTensor(ctx->cudnn, &kOne, plan->bias_desc, bias, &kOne,
+                                       plan->y_desc, y));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
+                                 const float *weight, float *dx) {
+    const char *op = "conv_backward_data";
+    CYDNN_REQUIRE_CTX("conv_backward_data", ctx);
+    CYDNN_TRY(check_geometry(op, g));
+    CYDNN_REQUIRE("conv_backward_data", dy != nullptr, "dy is NULL");
+    CYDNN_REQUIRE("conv_backward_data", weight != nullptr, "weight is NULL");
+    CYDNN_REQUIRE("conv_backward_data", dx != nullptr, "dx is NULL");
+
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan));
+    if (!plan->bwd_data_found) CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
+
+    void *ws = nullptr;
+    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws, op));
+    CYDNN_TRY(use_math(plan, plan->bwd_data_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardData(ctx->cudnn, &kOne, plan->w_desc, weight,
+                                                 plan->y_desc, dy, plan->conv_desc,
+                                                 plan->bwd_data_algo, ws,
+                                                 plan->bwd_data_workspace, &kZero, plan->x_desc,
+                                                 dx));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                   const float *dy, float *dweight) {
+    const char *op = "conv_backward_filter";
+    CYDNN_REQUIRE_CTX("conv_backward_filter", ctx);
+    CYDNN_TRY(check_geometry(op, g));
+    CYDNN_REQUIRE("conv_backward_filter", x != nullptr, "x is NULL");
+    CYDNN_REQUIRE("conv_backward_filter", dy != nullptr, "dy is NULL");
+    CYDNN_REQUIRE("conv_backward_filter", dweight != nullptr, "dweight is NULL");
+
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan));
+    if (!plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
+
+    void *ws = nullptr;
+    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
+    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(ctx->cudnn, &kOne, plan->x_desc, x,
+                                                   plan->y_desc, dy, plan->conv_desc,
+                                                   plan->bwd_filter_algo, ws,
+                                                   plan->bwd_filter_workspace, &kZero,
+                                                   plan->w_desc, dweight));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
+                                 float *dbias) {
+    const char *op = "conv_backward_bias";
+    CYDNN_REQUIRE_CTX("conv_backward_bias", ctx);
+    CYDNN_TRY(check_geometry(op, g));
+    CYDNN_REQUIRE("conv_backward_bias", dy != nullptr, "dy is NULL");
+    CYDNN_REQUIRE("conv_backward_bias", dbias != nullptr, "dbias is NULL");
+
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan));
+    // dbias = sum of dy over n, oh, ow (no algorithm choice involved).
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(ctx->cudnn, &kOne, plan->y_desc, dy, &kZero,
+                                                 plan->bias_desc, dbias));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t host_out_of_memory(const char *op) {
+    return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: out of host memory", op);
+}
+
+}  // namespace
+
+// ------------------------------------------------------- the C boundary
+// Building a plan allocates host memory (the key string, the plan, the map
+// node); a std::bad_alloc must not cross into C.
+
+cydnnStatus_t cydnn_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                 const float *weight, const float *bias, float *y) {
+    try {
+        return conv_forward(ctx, g, x, weight, bias, y);
+    } catch (const std::bad_alloc &) {
+        return host_out_of_memory("conv_forward");
+    }
+}
+
+cydnnStatus_t cydnn_conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                       const float *dy, const float *weight, float *dx) {
+    try {
+        return conv_backward_data(ctx, g, dy, weight, dx);
+    } catch (const std::bad_alloc &) {
+        return host_out_of_memory("conv_backward_data");
+    }
+}
+
+cydnnStatus_t cydnn_conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                         const float *x, const float *dy, float *dweight) {
+    try {
+        return conv_backward_filter(ctx, g, x, dy, dweight);
+    } catch (const std::bad_alloc &) {
+        return host_out_of_memory("conv_backward_filter");
+    }
+}
+
+cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g,
+                                       const float *dy, float *dbias) {
+    try {
+        return conv_backward_bias(ctx, g, dy, dbias);
+    } catch (const std::bad_alloc &) {
+        return host_out_of_memory("conv_backward_bias");
+    }
+}

@@ -1,0 +1,139 @@
+# _C.pxd -- the C ABI of cpp/cydnn.h, as Cython sees it, and the DeviceArray type.
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "cydnn.h" nogil:
+    ctypedef enum cydnnStatus_t:
+        CYDNN_STATUS_SUCCESS
+        CYDNN_STATUS_CUDA_ERROR
+        CYDNN_STATUS_CUDNN_ERROR
+        CYDNN_STATUS_CUBLAS_ERROR
+        CYDNN_STATUS_OUT_OF_MEMORY
+        CYDNN_STATUS_DEVICE_UNAVAILABLE
+        CYDNN_STATUS_INVALID_ARGUMENT
+
+    const char *cydnn_last_error_message()
+    int cydnn_last_library_status()
+    void cydnn_clear_error()
+
+    int cydnn_device_count()
+    cydnnStatus_t cydnn_check_device(int device)
+    cydnnStatus_t cydnn_device_name(int device, char *buf, size_t len)
+    cydnnStatus_t cydnn_device_memory_info(int device, size_t *free_bytes, size_t *total_bytes)
+
+    ctypedef struct cydnnVersions:
+        int cuda_runtime
+        int cuda_driver
+        size_t cudnn
+        int cublas
+        int compiled_cudnn
+    void cydnn_versions(cydnnVersions *out)
+
+    ctypedef struct cydnnContext:
+        pass
+    cydnnStatus_t cydnn_context_get(int device, cydnnContext **ctx)
+    int cydnn_context_device(const cydnnContext *ctx)
+    void *cydnn_context_stream(const cydnnContext *ctx)
+    cydnnStatus_t cydnn_context_synchronize(cydnnContext *ctx)
+    size_t cydnn_context_plan_count(const cydnnContext *ctx)
+    cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf32, int deterministic)
+    cydnnStatus_t cydnn_context_set_workspace_limit(cydnnContext *ctx, size_t bytes)
+
+    cydnnStatus_t cydnn_debug_fail(cydnnContext *ctx, int which)
+
+    ctypedef struct cydnnMemoryStats:
+        size_t allocated_bytes
+        size_t reserved_bytes
+        size_t peak_allocated_bytes
+        size_t peak_reserved_bytes
+        size_t requested_bytes
+        uint64_t num_allocs
+        uint64_t num_frees
+        uint64_t num_device_mallocs
+        uint64_t num_device_frees
+        uint64_t num_cache_hits
+        uint64_t num_ooms
+    cydnnStatus_t cydnn_malloc(cydnnContext *ctx, size_t nbytes, void **ptr)
+    cydnnStatus_t cydnn_free(cydnnContext *ctx, void *ptr)
+    cydnnStatus_t cydnn_empty_cache(cydnnContext *ctx)
+    cydnnStatus_t cydnn_memory_stats(cydnnContext *ctx, cydnnMemoryStats *out)
+    cydnnStatus_t cydnn_reset_peak_memory_stats(cydnnContext *ctx)
+    cydnnStatus_t cydnn_set_poison(cydnnContext *ctx, int on)
+    cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes)
+
+    ctypedef struct cydnnConvGeometry:
+        int n, c, h, w
+        int k, kh, kw
+        int stride_h, stride_w
+        int pad_h, pad_w
+    cydnnStatus_t cydnn_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                     const float *weight, const float *bias, float *y)
+    cydnnStatus_t cydnn_conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
+                                           const float *weight, float *dx)
+    cydnnStatus_t cydnn_conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                             const float *dy, float *dweight)
+    cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
+                                           float *dbias)
+
+    ctypedef struct cydnnPoolGeometry:
+        int n, c, h, w
+        int kh, kw
+        int stride_h, stride_w
+        int pad_h, pad_w
+    cydnnStatus_t cydnn_max_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x, float *y)
+    cydnnStatus_t cydnn_max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x,
+                                          const float *dy, float *dx)
+    cydnnStatus_t cydnn_avg_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x, float *y)
+    cydnnStatus_t cydnn_avg_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x,
+                                          const float *y, const float *dy, float *dx)
+
+    cydnnStatus_t cydnn_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
+    cydnnStatus_t cydnn_relu_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count)
+    cydnnStatus_t cydnn_tanh_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
+    cydnnStatus_t cydnn_tanh_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count)
+    cydnnStatus_t cydnn_sigmoid_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
+    cydnnStatus_t cydnn_sigmoid_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                         size_t count)
+    cydnnStatus_t cydnn_dropout_forward(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                        uint32_t threshold, float scale, uint64_t seed)
+    cydnnStatus_t cydnn_mul(cydnnContext *ctx, const float *a, const float *b, float *out, size_t count)
+
+    cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const float *weight, const float *bias,
+                                       float *y, int n, int in_features, int out_features)
+    cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight, const float *dy,
+                                        float *dx, float *dweight, float *dbias, int n, int in_features,
+                                        int out_features)
+
+    cydnnStatus_t cydnn_softmax_forward(cydnnContext *ctx, const float *x, float *y, int n, int c, int log)
+    cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits, const int32_t *labels,
+                                              int n, int c, float *loss, float *dlogits, int32_t *bad_labels)
+
+    cydnnStatus_t cydnn_sgd_update(cydnnContext *ctx, float *param, const float *grad, float *momentum_buf,
+                                   size_t count, float lr, float momentum, float dampening, float weight_decay,
+                                   int nesterov, int first_step)
+    cydnnStatus_t cydnn_adam_update(cydnnContext *ctx, float *param, const float *grad, float *m, float *v,
+                                    size_t count, float lr, float beta1, float beta2, float eps,
+                                    float weight_decay, int decoupled, int step)
+
+    cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                     int n_images, int h, int w, const int32_t *indices, int batch,
+                                     float mean, float std, int pad, int max_shift, uint64_t seed,
+                                     float *out_images, int32_t *out_labels)
+
+
+cdef class _Allocation:
+    cdef void *ptr
+    cdef size_t nbytes
+    cdef cydnnContext *ctx
+
+
+cdef class DeviceArray:
+    cdef readonly tuple shape
+    cdef readonly object dtype
+    cdef readonly size_t size
+    cdef _Allocation _alloc
+    cdef size_t _offset
+    cdef void *data(self)

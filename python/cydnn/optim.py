@@ -1,0 +1,295 @@
+"""Optimizers and learning-rate schedules.
+
+An optimizer holds a list of :class:`cydnn.nn.Parameter` and, for each, a
+small state (momentum buffer, Adam moments) created lazily on the parameter's
+device the first time the parameter has a gradient.  ``step()`` calls the
+backend's fused update once per parameter -- on CUDA, one kernel per tensor,
+with every hyperparameter passed as a Python number, so a step never waits
+for the GPU.
+
+All optimizers have one parameter group: ``optimizer.lr`` is the learning
+rate, and a schedule changes it by assigning to it.
+"""
+import math
+
+import numpy as np
+
+from . import ops
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW",
+           "LRScheduler", "StepLR", "CosineAnnealingLR", "LinearWarmup"]
+
+
+class Optimizer:
+    """Base class: parameters, per-parameter state, ``zero_grad`` and ``step``.
+
+    Subclasses define ``_init_state(param)`` (the state of a parameter at its
+    first step, a dict) and ``_update(param, state)`` (one update, in place).
+    ``state[i]`` belongs to ``params[i]``; its array entries live on that
+    parameter's device.
+    """
+
+    def __init__(self, params, lr):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list")
+        if lr < 0:
+            raise ValueError(f"learning rate must be >= 0, got {lr}")
+        self.lr = float(lr)
+        self.state = [None] * len(self.params)
+
+    def zero_grad(self):
+        """Forget every parameter's gradient (``p.grad = None``)."""
+        for param in self.params:
+            param.grad = None
+
+    def step(self):
+        """Update every parameter that has a gradient; those without one are skipped."""
+        for i, param in enumerate(self.params):
+            if param.grad is None:
+                continue
+            if self.state[i] is None:
+                self.state[i] = self._init_state(param)
+            self._update(param, self.state[i])
+
+    def _init_state(self, param):
+        raise NotImplementedError
+
+    def _update(self, param, state):
+        raise NotImplementedError
+
+    # -- saving and restoring -------------------------------------------------
+    def hyperparameters(self):
+        """The settings a checkpoint must keep (``lr`` plus the subclass's)."""
+        return {"lr": self.lr}
+
+    def state_dict(self):
+        """``{"hyperparameters": {...}, "state": [per-parameter dict or None]}`` on the host.
+
+        Arrays become numpy copies; step counters (and None buffers) stay as they are.
+        """
+        def to_host(value):
+            if value is None or isinstance(value, (int, float)):
+                return value
+            return np.array(ops.backend_of(value).to_numpy(value), copy=True)
+
+        state = [None if s is None else {k: to_host(v) for k, v in s.items()} for s in self.state]
+        return {"hyperparameters": self.hyperparameters(), "state": state}
+
+    def load_state_dict(self, state_dict):
+        """Restore :meth:`state_dict` output; arrays go to each parameter's device and dtype."""
+        state = state_dict["state"]
+        if len(state) != len(self.params):
+            raise ValueError(f"optimizer state has {len(state)} entries but the optimizer "
+                             f"has {len(self.params)} parameters")
+        new_state = []
+        for i, (param, saved) in enumerate(zip(self.params, state)):
+            if saved is None:
+                new_state.append(None)
+                continue
+            backend = ops.backend_of(param.data)
+            entry = {}
+            for key, value in saved.items():
+                if value is None or isinstance(value, (int, float)):
+                    entry[key] = value
+                    continue
+                value = np.asarray(value)
+                if value.shape != param.shape:
+                    raise ValueError(f"optimizer state {i} {key!r}: expected shape {param.shape}, "
+                                     f"got {value.shape}")
+                entry[key] = backend.asarray(np.array(value, dtype=param.dtype, copy=True))
+            new_state.append(entry)
+        saved = state_dict["hyperparameters"]
+        for name in self.hyperparameters():
+            setattr(self, name, saved[name])
+        self.state = new_state
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, as PyTorch.
+
+    With ``g = grad + weight_decay * p``::
+
+        buf = g                                          (first step)
+        buf = momentum * buf + (1 - dampening) * g       (later steps)
+        g   = g + momentum * buf   if nesterov else buf  (when momentum > 0)
+        p  -= lr * g
+    """
+
+    def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+        super().__init__(params, lr)
+        if momentum < 0:
+            raise ValueError(f"momentum must be >= 0, got {momentum}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("nesterov momentum requires momentum > 0 and dampening == 0")
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.weight_decay = float(weight_decay)
+        self.nesterov = bool(nesterov)
+
+    def hyperparameters(self):
+        return dict(super().hyperparameters(), momentum=self.momentum, dampening=self.dampening,
+                    weight_decay=self.weight_decay, nesterov=self.nesterov)
+
+    def _init_state(self, param):
+        buf = ops.backend_of(param.data).zeros_like(param.data) if self.momentum != 0 else None
+        return {"step": 0, "momentum_buffer": buf}
+
+    def _update(self, param, state):
+        ops.backend_of(param.data).sgd_update(
+            param.data, param.grad, state["momentum_buffer"], self.lr,
+            momentum=self.momentum, dampening=self.dampening, weight_decay=self.weight_decay,
+            nesterov=self.nesterov, first_step=state["step"] == 0)
+        state["step"] += 1
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba), as PyTorch.  At step t (from 1), with g = grad::
+
+        g  += weight_decay * p                  (Adam: L2 penalty in the gradient)
+        p  *= 1 - lr * weight_decay             (AdamW: decoupled decay instead)
+        m   = beta1 * m + (1 - beta1) * g
+        v   = beta2 * v + (1 - beta2) * g^2
+        p  -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+    """
+
+    decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        super().__init__(params, lr)
+        beta1, beta2 = betas
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        self.betas = (float(beta1), float(beta2))
+        self.eps = float(eps)
+        self.weight_decay = float(weight_decay)
+
+    def hyperparameters(self):
+        return dict(super().hyperparameters(), betas=self.betas, eps=self.eps,
+                    weight_decay=self.weight_decay)
+
+    def _init_state(self, param):
+        backend = ops.backend_of(param.data)
+        return {"step": 0, "exp_avg": backend.zeros_like(param.data),
+                "exp_avg_sq": backend.zeros_like(param.data)}
+
+    def _update(self, param, state):
+        state["step"] += 1
+        ops.backend_of(param.data).adam_update(
+            param.data, param.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+            lr=self.lr, beta1=self.betas[0], beta2=self.betas[1], eps=self.eps,
+            weight_decay=self.weight_decay, decoupled=self.decoupled)
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): ``p *= 1 - lr * weight_decay``
+    before the Adam step, instead of adding ``weight_decay * p`` to the gradient."""
+
+    decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+# ------------------------------------------------------------------ schedules
+class LRScheduler:
+    """Base class of schedules: the learning rate as a closed-form function of time.
+
+    ``t = last_epoch`` counts the calls to :meth:`step` (an "epoch" is whatever
+    unit the trainer steps in: an iteration or an epoch).  Subclasses define
+    ``lr_at(t)`` from ``base_lr``, the optimizer's lr when the schedule was
+    made.  Construction sets ``optimizer.lr = lr_at(0)``; each ``step()``
+    advances t by one and sets ``optimizer.lr = lr_at(t)``.
+    """
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.base_lr = optimizer.lr
+        self.last_epoch = 0
+        optimizer.lr = self.lr_at(0)
+
+    def lr_at(self, t):
+        raise NotImplementedError
+
+    def step(self):
+        self.last_epoch += 1
+        self.optimizer.lr = self.lr_at(self.last_epoch)
+
+    def get_last_lr(self):
+        """The learning rate now in force (a float: cydnn has one parameter group)."""
+        return self.optimizer.lr
+
+    def state_dict(self):
+        return {"base_lr": self.base_lr, "last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state_dict):
+        self.base_lr = state_dict["base_lr"]
+        self.last_epoch = state_dict["last_epoch"]
+        self.optimizer.lr = self.lr_at(self.last_epoch)
+
+
+class StepLR(LRScheduler):
+    """``lr(t) = base_lr * gamma ** (t // step_size)``: decay by gamma every step_size steps."""
+
+    def __init__(self, optimizer, step_size, gamma=0.1):
+        if step_size < 1:
+            raise ValueError(f"step_size must be >= 1, got {step_size}")
+        self.step_size = int(step_size)
+        self.gamma = float(gamma)
+        super().__init__(optimizer)
+
+    def lr_at(self, t):
+        return self.base_lr * self.gamma ** (t // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """``lr(t) = eta_min + (base_lr - eta_min) * (1 + cos(pi * t / T_max)) / 2``.
+
+    From base_lr at t = 0 down to eta_min at t = T_max (and, like PyTorch's
+    closed form, back up again after that if stepping goes on).
+    """
+
+    def __init__(self, optimizer, T_max, eta_min=0.0):
+        if T_max < 1:
+            raise ValueError(f"T_max must be >= 1, got {T_max}")
+        self.T_max = int(T_max)
+        self.eta_min = float(eta_min)
+        super().__init__(optimizer)
+
+    def lr_at(self, t):
+        return self.eta_min + (self.base_lr - self.eta_min) * (1 + math.cos(math.pi * t / self.T_max)) / 2
+
+
+class LinearWarmup(LRScheduler):
+    """Linear warm-up over ``warmup_steps``, then an optional schedule ``after``.
+
+    ``lr(t) = base_lr * (t + 1) / warmup_steps`` for t < warmup_steps, then
+    ``after.lr_at(t - warmup_steps)`` (or base_lr when ``after`` is None).
+    Make ``after`` on the same optimizer first, and step only the warm-up::
+
+        sched = LinearWarmup(opt, 500, after=CosineAnnealingLR(opt, T_max=9500))
+    """
+
+    def __init__(self, optimizer, warmup_steps, after=None):
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        if after is not None and after.optimizer is not optimizer:
+            raise ValueError("the schedule after the warm-up must drive the same optimizer")
+        self.warmup_steps = int(warmup_steps)
+        self.after = after
+        if after is not None:
+            optimizer.lr = after.base_lr     # undo the lr the inner schedule set at t = 0
+        super().__init__(optimizer)
+
+    def lr_at(self, t):
+        if t < self.warmup_steps:
+            return self.base_lr * (t + 1) / self.warmup_steps
+        if self.after is None:
+            return self.base_lr
+        return self.after.lr_at(t - self.warmup_steps)

@@ -1,0 +1,204 @@
+"""Checkpoints: a model in one ``.npz`` file, with no pickle anywhere.
+
+Layout of the archive (every entry a plain numpy array)::
+
+    format_version    int64 scalar, FORMAT_VERSION
+    config            unicode scalar: JSON of model.config(), e.g.
+                      {"arch": "LeNet5", "classic": false, "num_classes": 10, ...}
+    metadata          unicode scalar: JSON {"cydnn_version": ..., "created": ISO date,
+                      plus the caller's entries (accuracy, epochs, ...)}
+    param/<name>      float32 array for each state_dict key, e.g. param/conv1.weight
+
+The file is written exactly at the path given (no ``.npz`` is appended) and
+atomically: into a temporary file beside it, flushed and fsync'ed, then
+renamed over the target, so a reader sees the old file or the new one, never
+half of one.  Loading uses ``np.load(allow_pickle=False)``; any problem with
+the file's content raises :class:`CheckpointError` saying what is wrong.
+"""
+import datetime
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+__all__ = ["FORMAT_VERSION", "CheckpointError", "save", "load", "load_metadata"]
+
+FORMAT_VERSION = 1
+PARAM_PREFIX = "param/"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+class CheckpointError(ValueError):
+    """A file that is not a valid cydnn checkpoint (corrupt, truncated, incomplete, incompatible)."""
+
+
+def _json_default(value):
+    """Let numpy scalars and arrays through ``json.dumps`` (accuracy as np.float32, ...)."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"metadata value {value!r} of type {type(value).__name__} is not JSON-serialisable")
+
+
+def _cydnn_version():
+    import cydnn
+    version = getattr(cydnn, "__version__", None)
+    if version is None:
+        try:
+            from importlib.metadata import version as dist_version
+            version = dist_version("cydnn")
+        except Exception:          # not installed as a distribution
+            version = None
+    return version
+
+
+# ---------------------------------------------------------------------- save
+def save(model, path, metadata=None):
+    """Write ``model`` (its ``config()`` and weights) and ``metadata`` to ``path``.
+
+    ``metadata``: a dict of JSON-able values (numpy scalars are fine), merged
+    over the defaults ``cydnn_version`` and ``created`` (UTC, ISO 8601).
+    Weights are stored as float32 whatever the model's dtype or device.
+    The write is atomic; on any failure the temporary file is removed and an
+    existing file at ``path`` is left untouched.  Returns ``path`` as a str.
+    """
+    path = os.fspath(path)
+    meta = {"cydnn_version": _cydnn_version(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    meta.update(metadata or {})
+    # Build every entry before touching the disk: a bad config or metadata fails here.
+    arrays = {
+        "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
+        "config": np.array(json.dumps(model.config(), default=_json_default)),
+        "metadata": np.array(json.dumps(meta, default=_json_default)),
+    }
+    for name, value in model.state_dict().items():
+        arrays[PARAM_PREFIX + name] = value.astype(np.float32)
+
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix="." + os.path.basename(path) + ".",
+                                      suffix=".tmp", delete=False)
+    try:
+        with tmp:
+            np.savez(tmp, **arrays)          # a file object: np.savez adds no ".npz"
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        # NamedTemporaryFile makes the file private (0600); give it the mode a
+        # plain open() would have had, or keep the mode of the file it replaces.
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+        os.chmod(tmp.name, mode)
+        os.replace(tmp.name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp.name)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+# ---------------------------------------------------------------------- load
+def _read_archive(path):
+    """Every entry of the checkpoint at ``path``, as a dict name -> numpy array."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:       # a missing file is a FileNotFoundError, not a CheckpointError
+        head = f.read(len(_ZIP_MAGIC))
+    if not head:
+        raise CheckpointError(f"{path} is empty, not a cydnn checkpoint")
+    if head != _ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a cydnn checkpoint: not an .npz (zip) archive "
+                              f"(it starts with {head!r})")
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
+    entries = {}
+    with npz:
+        for key in npz.files:
+            try:
+                entries[key] = npz[key]
+            except ValueError as e:
+                if "allow_pickle" in str(e):
+                    raise CheckpointError(f"{path}: entry {key!r} holds pickled Python objects, "
+                                          f"which a checkpoint never contains; refusing to load it") from e
+                raise CheckpointError(f"{path}: entry {key!r} is corrupt ({e})") from e
+            except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
+                raise CheckpointError(f"{path}: entry {key!r} is truncated or corrupt ({e})") from e
+            if not isinstance(entries[key], np.ndarray):    # np.load gives raw bytes for a non-.npy member
+                raise CheckpointError(f"{path}: entry {key!r} is not a numpy array (.npy) member")
+    return entries
+
+
+def _json_entry(entries, key, path):
+    if key not in entries:
+        raise CheckpointError(f"{path} is not a complete cydnn checkpoint: missing entry {key!r}; "
+                              f"present: {sorted(entries)}")
+    value = entries[key]
+    if value.shape != () or value.dtype.kind != "U":
+        raise CheckpointError(f"{path}: entry {key!r} should be a unicode scalar (JSON), "
+                              f"got dtype {value.dtype}, shape {value.shape}")
+    try:
+        return json.loads(str(value))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: entry {key!r} is not valid JSON ({e})") from e
+
+
+def _check_format(entries, path):
+    if "format_version" not in entries:
+        raise CheckpointError(f"{path} is not a complete cydnn checkpoint: missing entry 'format_version'; "
+                              f"present: {sorted(entries)}")
+    version = entries["format_version"]
+    if version.shape != () or version.dtype.kind not in "iu":
+        raise CheckpointError(f"{path}: 'format_version' should be an integer scalar, "
+                              f"got dtype {version.dtype}, shape {version.shape}")
+    if int(version) > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {int(version)} is newer than this cydnn "
+                              f"reads ({FORMAT_VERSION}); upgrade cydnn")
+
+
+def load_metadata(path):
+    """The metadata dict of the checkpoint at ``path`` (the model is not built)."""
+    entries = _read_archive(path)
+    _check_format(entries, path)
+    return _json_entry(entries, "metadata", path)
+
+
+def load(path, device="cpu"):
+    """The model saved at ``path``, rebuilt from its config, weights loaded, on ``device``.
+
+    Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
+    for any problem with its content.  The model is returned in training mode
+    (as any new module); ``predict`` switches to eval mode by itself.
+    """
+    from . import models
+
+    entries = _read_archive(path)
+    _check_format(entries, path)
+    config = _json_entry(entries, "config", path)
+    if not isinstance(config, dict) or "arch" not in config:
+        raise CheckpointError(f"{path}: 'config' must be a JSON object with an 'arch' key, got {config!r}")
+    if config["arch"] not in models.ARCHITECTURES:
+        raise CheckpointError(f"{path}: unknown architecture {config['arch']!r}; "
+                              f"known: {sorted(models.ARCHITECTURES)}")
+    try:
+        model = models.build(config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config}: {e}") from e
+
+    state = {}
+    for key, value in entries.items():
+        if not key.startswith(PARAM_PREFIX):
+            continue
+        name = key[len(PARAM_PREFIX):]
+        if value.dtype.kind != "f":
+            raise CheckpointError(f"{path}: parameter {name!r} has dtype {value.dtype}, expected float32")
+        state[name] = value
+    try:
+        model.load_state_dict(state, strict=True)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: weights do not fit {config['arch']}: {e}") from e
+    return model.to(device)

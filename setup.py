@@ -1,0 +1,105 @@
+"""Build cydnn: nvcc compiles cpp/*.cu, the objects are linked into one Cython extension.
+
+    pip install -e .                          # a fresh machine (fetches what it lacks)
+    pip install --no-build-isolation -e .     # offline, with the build requirements installed
+
+Environment knobs:
+    NVCC, CUDA_HOME, CUDA_PATH   where to find nvcc (see build_tools/cuda_toolchain.py)
+    CYDNN_CUDA_ARCHS             e.g. "90" to build one architecture while developing
+                                 (default: sm_80 and sm_90 cubins plus compute_90 PTX)
+"""
+import concurrent.futures
+import glob
+import os
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "build_tools"))
+import cuda_toolchain  # noqa: E402
+
+CPP_DIR = os.path.join("cpp")
+CU_SOURCES = sorted(glob.glob(os.path.join(CPP_DIR, "*.cu")))
+CU_HEADERS = sorted(glob.glob(os.path.join(CPP_DIR, "*.h")) + glob.glob(os.path.join(CPP_DIR, "*.cuh")))
+
+
+def arch_flags():
+    archs = os.environ.get("CYDNN_CUDA_ARCHS")
+    if archs:
+        flags = []
+        for a in archs.replace(",", " ").split():
+            flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+        return flags
+    # nvcc 13 dropped sm_70; Ampere and Hopper cubins, plus PTX for newer GPUs.
+    return ["-gencode", "arch=compute_80,code=sm_80",
+            "-gencode", "arch=compute_90,code=sm_90",
+            "-gencode", "arch=compute_90,code=compute_90"]
+
+
+class BuildExtWithCuda(build_ext):
+    """build_ext that first compiles the CUDA library with nvcc."""
+
+    def build_extensions(self):
+        tc = cuda_toolchain.probe()
+        missing = tc.missing()
+        if missing:
+            raise RuntimeError("cannot build cydnn, missing:\n  - " + "\n  - ".join(missing))
+        self.announce(f"cydnn: nvcc {tc.nvcc}; cuDNN from the {tc.cudnn.source} ({tc.cudnn.lib_dir}); "
+                      f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); "
+                      f"CUDA runtime {tc.cudart_lib_dir}", level=3)
+        staged = cuda_toolchain.stage_headers(tc, os.path.join(os.path.abspath(self.build_temp), "cuda_include"))
+        objects = self.compile_cuda(tc, staged)
+
+        import numpy
+        for ext in self.extensions:
+            ext.extra_objects += objects
+            ext.include_dirs += [CPP_DIR, numpy.get_include()]
+            ext.library_dirs += list(dict.fromkeys([tc.cudart_lib_dir, tc.cublas.lib_dir, tc.cudnn.lib_dir]))
+            # The libraries have no unversioned .so links: name the sonames.
+            ext.libraries += [":" + cuda_toolchain.CUDART_SONAME, ":libcublas.so.13",
+                              ":libcublasLt.so.13", ":" + cuda_toolchain.CUDNN_SONAME]
+            # For a regular install beside the wheels; editable and in-place
+            # builds rely on cydnn/_libs.py, which preloads them by path.
+            ext.extra_link_args += ["-Wl,-rpath,$ORIGIN/../nvidia/cu13/lib",
+                                    "-Wl,-rpath,$ORIGIN/../nvidia/cudnn/lib"]
+        super().build_extensions()
+
+    def compile_cuda(self, tc, staged_include):
+        out_dir = os.path.join(os.path.abspath(self.build_temp), "cuda")
+        os.makedirs(out_dir, exist_ok=True)
+        newest_header = max(os.path.getmtime(h) for h in CU_HEADERS)
+        base = [tc.nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--threads", "1",
+                "-I" + os.path.abspath(CPP_DIR), "-I" + staged_include] + arch_flags()
+
+        def compile_one(src):
+            obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
+            if (os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
+                    and not self.force):
+                return obj
+            cmd = base + ["-c", os.path.abspath(src), "-o", obj]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            return obj
+
+        workers = max(1, min(len(CU_SOURCES), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(compile_one, CU_SOURCES))
+
+
+def extensions():
+    from Cython.Build import cythonize
+    ext = Extension(
+        "cydnn._C",
+        sources=[os.path.join("python", "cydnn", "_C.pyx")],
+        language="c++",
+        extra_compile_args=["-O2", "-std=c++17"],
+    )
+    return cythonize([ext], compiler_directives={"language_level": 3, "embedsignature": True},
+                     include_path=[os.path.join("python", "cydnn")])
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithCuda})

@@ -70,7 +70,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 //   1. m = max_j x[j]                         (warp_max)
 //   2. s = sum_j exp(x[j] - m)                (warp_sum; subtracting m keeps exp <= 1)
 //   3. dlogits[j] = (exp(x[j] - m) / s - (j == label)) / n
-// and lane 0 writes row_loss = (m + log(s)) - x[label].
+// and lane 0 writes row_loss = log(s) - (x[label] - m), i.e. -log_softmax[label]
+// rounded as the numpy twin's -((x - m) - log(s)).
 // A label outside [0, c) makes the row's loss and gradient NaN and adds 1 to
 // *bad_labels (if given).
 __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *labels, int n,
@@ -107,7 +108,7 @@ __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *la
             const float p = expf(x[j] - m) / s;
             dx[j] = (p - (j == label ? 1.0f : 0.0f)) / n_float;
         }
-        if (lane == 0) row_loss[row] = (m + logf(s)) - x[label];
+        if (lane == 0) row_loss[row] = logf(s) - (x[label] - m);
     }
 }
 

@@ -35,6 +35,9 @@ size_t work_items(size_t count, size_t nvec) {
 // max(x, 0) as numpy's np.maximum(x, 0): NaN stays NaN, -0 becomes +0.
 __device__ __forceinline__ float relu(float v) { return v <= 0.0f ? 0.0f : v; }
 
+// The derivative of relu at the output y: 1 where y > 0, else 0.
+__device__ __forceinline__ float relu_mask(float y) { return y > 0.0f ? 1.0f : 0.0f; }
+
 // --------------------------------------------------------------- kernels
 // y[i] = relu(x[i]).  Thread t handles float4 vectors t, t + stride, ... of the
 // first 4*nvec elements, then elements 4*nvec + t, 4*nvec + t + stride, ... of
@@ -55,8 +58,10 @@ __global__ void relu_forward_kernel(const float *x, float *y, size_t count, size
     for (size_t i = 4 * nvec + tid; i < count; i += stride) y[i] = relu(x[i]);
 }
 
-// dx[i] = y[i] > 0 ? dy[i] : 0, where y is the forward's output.  Same thread
-// mapping as relu_forward_kernel.
+// dx[i] = dy[i] * (y[i] > 0 ? 1 : 0), where y is the forward's output: a real
+// product, as numpy's dy * (y > 0), so a masked negative dy gives -0 and a
+// masked inf / NaN gives NaN, bit for bit like the twin.  Same thread mapping
+// as relu_forward_kernel.
 __global__ void relu_backward_kernel(const float *y, const float *dy, float *dx, size_t count,
                                      size_t nvec) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -68,13 +73,13 @@ __global__ void relu_backward_kernel(const float *y, const float *dy, float *dx,
         const float4 yv = y4[i];
         const float4 g = dy4[i];
         float4 r;
-        r.x = yv.x > 0.0f ? g.x : 0.0f;
-        r.y = yv.y > 0.0f ? g.y : 0.0f;
-        r.z = yv.z > 0.0f ? g.z : 0.0f;
-        r.w = yv.w > 0.0f ? g.w : 0.0f;
+        r.x = g.x * relu_mask(yv.x);
+        r.y = g.y * relu_mask(yv.y);
+        r.z = g.z * relu_mask(yv.z);
+        r.w = g.w * relu_mask(yv.w);
         dx4[i] = r;
     }
-    for (size_t i = 4 * nvec + tid; i < count; i += stride) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (size_t i = 4 * nvec + tid; i < count; i += stride) dx[i] = dy[i] * relu_mask(y[i]);
 }
 
 // out[i] = a[i] * b[i].  Same thread mapping as relu_forward_kernel.

@@ -54,6 +54,10 @@ std::string format(const char *fmt, ...) {
 }
 
 cydnnStatus_t cuda_failure(cudaError_t err, const char *op, const char *call) {
+    // The runtime also keeps the error in its per-thread state; clear it so the
+    // launch check of the next op does not report it again (sticky errors,
+    // such as an illegal address, stay whatever we do).
+    cudaGetLastError();
     cydnnStatus_t status = CYDNN_STATUS_CUDA_ERROR;
     if (err == cudaErrorMemoryAllocation) status = CYDNN_STATUS_OUT_OF_MEMORY;
     if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) status = CYDNN_STATUS_DEVICE_UNAVAILABLE;

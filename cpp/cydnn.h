@@ -220,9 +220,10 @@ cydnnStatus_t cydnn_sgd_update(cydnnContext *ctx, float *param, const float *gra
                                size_t count, float lr, float momentum, float dampening,
                                float weight_decay, int nesterov, int first_step);
 /* Adam (decoupled = 0: g += weight_decay * p) and AdamW (decoupled = 1:
- * p *= 1 - lr * weight_decay) as PyTorch; step counts from 1. */
+ * p *= 1 - lr * weight_decay) as PyTorch; step counts from 1.  The betas are double
+ * so that 1 - beta is formed before rounding to float, as numpy does. */
 cydnnStatus_t cydnn_adam_update(cydnnContext *ctx, float *param, const float *grad, float *m, float *v,
-                                size_t count, float lr, float beta1, float beta2, float eps,
+                                size_t count, float lr, double beta1, double beta2, float eps,
                                 float weight_decay, int decoupled, int step);
 
 /* -------------------------------------------------------------------- data */

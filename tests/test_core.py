@@ -145,11 +145,13 @@ def test_copy_set_zeros(rng):
 @gpu
 def test_pool_reuses_freed_blocks():
     cydnn.cuda.synchronize()
+    cydnn.cuda.empty_cache()          # no cached block that best fit could hand out instead
     before = cydnn.cuda.memory_stats()
     a = cydnn.empty((1000,))          # 4000 B -> a 4096 B class
     ptr = a.ptr
     mid = cydnn.cuda.memory_stats()
     assert mid["allocated_bytes"] == before["allocated_bytes"] + 4096
+    assert mid["num_device_mallocs"] == before["num_device_mallocs"] + 1
     assert mid["requested_bytes"] == before["requested_bytes"] + 4000
     del a
     after_free = cydnn.cuda.memory_stats()

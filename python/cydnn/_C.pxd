@@ -115,7 +115,7 @@ cdef extern from "cydnn.h" nogil:
                                    size_t count, float lr, float momentum, float dampening, float weight_decay,
                                    int nesterov, int first_step)
     cydnnStatus_t cydnn_adam_update(cydnnContext *ctx, float *param, const float *grad, float *m, float *v,
-                                    size_t count, float lr, float beta1, float beta2, float eps,
+                                    size_t count, float lr, double beta1, double beta2, float eps,
                                     float weight_decay, int decoupled, int step)
 
     cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,

@@ -535,8 +535,8 @@ def sgd_update(DeviceArray param not None, DeviceArray grad not None, DeviceArra
                            param.size, lr, momentum, dampening, weight_decay, nesterov, first_step), "sgd_update")
 
 
-def adam_update(DeviceArray param not None, DeviceArray grad not None, DeviceArray m not None, DeviceArray v not None, float lr, float beta1,
-                float beta2, float eps, float weight_decay, bint decoupled, int step):
+def adam_update(DeviceArray param not None, DeviceArray grad not None, DeviceArray m not None, DeviceArray v not None, float lr, double beta1,
+                double beta2, float eps, float weight_decay, bint decoupled, int step):
     check(cydnn_adam_update(ctx(), f32(param, "param"), f32(grad, "grad"), f32(m, "m"), f32(v, "v"), param.size,
                             lr, beta1, beta2, eps, weight_decay, decoupled, step), "adam_update")
 

@@ -93,7 +93,8 @@ def conv_backward(dy, cache):
     x, w, has_bias, stride_hw, pad_hw = cache
     oh = (x.shape[2] + 2 * pad_hw[0] - w.shape[2]) // stride_hw[0] + 1
     ow = (x.shape[3] + 2 * pad_hw[1] - w.shape[3]) // stride_hw[1] + 1
-    _check.check_same_shape("conv_backward", "dy", dy, (x.shape[0], w.shape[0], oh, ow), np.float32)
+    _check.check_same_shape("conv_backward", "dy", dy, "the forward output", (x.shape[0], w.shape[0], oh, ow),
+                            np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx, dw = _C.empty(x.shape), _C.empty(w.shape)
@@ -116,7 +117,7 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
 def max_pool_backward(dy, cache):
     """Each window's gradient to its first maximum: a custom kernel, deterministic."""
     x, y_shape, kernel_hw, stride_hw, pad_hw = cache
-    _check.check_same_shape("max_pool_backward", "dy", dy, y_shape, np.float32)
+    _check.check_same_shape("max_pool_backward", "dy", dy, "the forward output", y_shape, np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx = _C.empty(x.shape)
@@ -136,7 +137,7 @@ def avg_pool_forward(x, kernel=2, stride=None, padding=0):
 
 def avg_pool_backward(dy, cache):
     x, y, kernel_hw, stride_hw, pad_hw = cache
-    _check.check_same_shape("avg_pool_backward", "dy", dy, y.shape, np.float32)
+    _check.check_same_shape("avg_pool_backward", "dy", dy, "the forward output", y.shape, np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx = _C.empty(x.shape)
@@ -155,7 +156,7 @@ def _activation_forward(op, kernel, x):
 
 
 def _activation_backward(op, kernel, dy, y):
-    _check.check_same_shape(op, "dy", dy, y.shape, np.float32)
+    _check.check_same_shape(op, "dy", dy, "the forward output", y.shape, np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx = _C.empty(y.shape)
@@ -206,7 +207,7 @@ def dropout_forward(x, p=0.5, seed=0):
 def dropout_backward(dy, cache):
     """dx = dy * mask."""
     mask = cache
-    _check.check_same_shape("dropout_backward", "dy", dy, mask.shape, np.float32)
+    _check.check_same_shape("dropout_backward", "dy", dy, "the forward output", mask.shape, np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx = _C.empty(mask.shape)
@@ -228,7 +229,8 @@ def linear_forward(x, w, b):
 def linear_backward(dy, cache):
     """(dx, dw, db): dx = dy w, dw = dy^T x (SGEMMs), db = column sums of dy (kernel)."""
     x, w, has_bias = cache
-    _check.check_same_shape("linear_backward", "dy", dy, (x.shape[0], w.shape[0]), np.float32)
+    _check.check_same_shape("linear_backward", "dy", dy, "the forward output", (x.shape[0], w.shape[0]),
+                            np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx, dw = _C.empty(x.shape), _C.empty(w.shape)

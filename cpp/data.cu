@@ -30,8 +30,10 @@ namespace {
 // ox) count from the top-left corner of the padded image; (iy, ix) = (oy -
 // pad, ox - pad) is the position inside the h x w frame, which reads the
 // source pixel (iy - sy, ix - sx) when that lies in the image.  The first
-// `batch` threads (same grid-stride) also copy the labels.
-__global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels, int h, int w,
+// `batch` threads (same grid-stride) also copy the labels.  An index outside
+// [0, n_images) (the caller should have checked) reads nothing: its pixels
+// become NaN and its label -1, which the loss kernel reports as a bad label.
+__global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels, int n_images, int h, int w,
                                     const int32_t *indices, int batch, float mean, float std,
                                     int pad, int max_shift, uint64_t seed, float *out_images,
                                     int32_t *out_labels) {
@@ -47,6 +49,11 @@ __global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels
         const int ox = (int)(idx % out_w);
         const int oy = (int)((idx / out_w) % out_h);
         const size_t b = idx / out_plane;
+        const int32_t index = indices[b];
+        if (index < 0 || index >= n_images) {
+            out_images[idx] = __int_as_float(0x7fc00000);  // NaN
+            continue;
+        }
 
         float v = 0.0f;
         const int iy = oy - pad, ix = ox - pad;
@@ -56,7 +63,7 @@ __global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels
             const int sy = (int)((r >> 32) % span) - max_shift;
             const int src_y = iy - sy, src_x = ix - sx;
             if (src_y >= 0 && src_y < h && src_x >= 0 && src_x < w) {
-                const uint8_t *image = images + (size_t)indices[b] * h * w;
+                const uint8_t *image = images + (size_t)index * h * w;
                 v = (float)image[(size_t)src_y * w + src_x] / 255.0f;
             }
         }
@@ -64,7 +71,10 @@ __global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels
     }
 
     if (labels != nullptr && out_labels != nullptr)
-        for (size_t b = tid; b < (size_t)batch; b += stride) out_labels[b] = labels[indices[b]];
+        for (size_t b = tid; b < (size_t)batch; b += stride) {
+            const int32_t index = indices[b];
+            out_labels[b] = (index >= 0 && index < n_images) ? labels[index] : -1;
+        }
 }
 
 }  // namespace
@@ -90,7 +100,7 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
 
     const size_t total = (size_t)batch * (size_t)(h + 2 * pad) * (size_t)(w + 2 * pad);
     gather_batch_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-        images, labels, h, w, indices, batch, mean, std, pad, max_shift, seed, out_images,
+        images, labels, n_images, h, w, indices, batch, mean, std, pad, max_shift, seed, out_images,
         out_labels);
     CYDNN_LAUNCH_CHECK("gather_batch", "gather_batch_kernel");
     return CYDNN_STATUS_SUCCESS;

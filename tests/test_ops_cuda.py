@@ -386,3 +386,15 @@ def test_against_pytorch(rng):
     check("torch cross_entropy", loss, tl.detach().cpu().numpy())
     for got, want in zip(cuda.linear_backward(dlogits, cache), (tx.grad, tw.grad, tb.grad)):
         check("torch linear backward", got, want.cpu().numpy())
+
+
+def test_gather_batch_bad_device_index_reads_nothing(rng):
+    """A device index out of range (not checked on the host) gives NaN pixels and label -1, no wild read."""
+    images = cydnn.to_device(rng.integers(0, 256, size=(5, 28, 28), dtype=np.uint8))
+    labels = cydnn.to_device(np.arange(5, dtype=np.int32))
+    x, y = cuda.gather_batch(images, labels, cydnn.to_device(np.array([1, 7, -3, 4], np.int32)), 0.5, 0.5)
+    x, y = x.numpy(), y.numpy()
+    np.testing.assert_array_equal(y, [1, -1, -1, 4])
+    assert np.isnan(x[1]).all() and np.isnan(x[2]).all() and np.isfinite(x[[0, 3]]).all()
+    with pytest.raises(ValueError, match=r"labels\[1\] = -1 is out of range"):
+        cuda.softmax_cross_entropy(cydnn.to_device(f32(rng, 4, 10)), cydnn.to_device(y))

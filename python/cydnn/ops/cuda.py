@@ -240,24 +240,23 @@ def linear_backward(dy, cache):
 
 
 # ------------------------------------------------------------------ losses
-def softmax(x):
-    """Row-wise softmax of (n, c); cuDNN, accurate mode."""
-    _check.check_softmax("softmax", x, F32)
+def _softmax(op, x, log):
+    _check.check_softmax(op, x, F32)
     host = _on_host(x)
     x = _dev(x)
     y = _C.empty(x.shape)
-    _C.softmax_forward(x, y, False)
+    _C.softmax_forward(x, y, log)
     return _ret(host, y)
+
+
+def softmax(x):
+    """Row-wise softmax of (n, c); cuDNN, accurate mode."""
+    return _softmax("softmax", x, False)
 
 
 def log_softmax(x):
     """Row-wise log-softmax of (n, c); cuDNN."""
-    _check.check_softmax("log_softmax", x, F32)
-    host = _on_host(x)
-    x = _dev(x)
-    y = _C.empty(x.shape)
-    _C.softmax_forward(x, y, True)
-    return _ret(host, y)
+    return _softmax("log_softmax", x, True)
 
 
 def softmax_cross_entropy(logits, labels, validate=True):

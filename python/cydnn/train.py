@@ -222,7 +222,9 @@ def plot(history, confusion, classes, path):
         im = a3.imshow(np.log1p(confusion), cmap="Blues")
         for i in range(confusion.shape[0]):
             for j in range(confusion.shape[1]):
-                a3.text(j, i, str(confusion[i, j]), ha="center", va="center", fontsize=7)
+                dark = np.log1p(confusion[i, j]) > 0.6 * np.log1p(confusion.max())
+                a3.text(j, i, str(confusion[i, j]), ha="center", va="center", fontsize=7,
+                        color="white" if dark else "black")
         a3.set(title="test confusion matrix (log colour)", xlabel="predicted", ylabel="true",
                xticks=range(len(classes)), yticks=range(len(classes)))
         fig.colorbar(im, ax=a3)

@@ -16,7 +16,8 @@
 //
 // Math settings (read from the context at every call and part of the plan key):
 //   allow_tf32 = 0: the descriptor asks for CUDNN_FMA_MATH and any measured
-//                   result that used tensor-op math is skipped: plain fp32.
+//                   result that used tensor-op math is skipped, and so are
+//                   the Winograd algorithms (see is_winograd): plain fp32.
 //   allow_tf32 = 1: the descriptor asks for CUDNN_DEFAULT_MATH while measuring,
 //                   then each direction runs with the math type of its winner.
 //   deterministic:  only results with determinism == CUDNN_DETERMINISTIC count.
@@ -72,6 +73,25 @@ const float kZero = 0.0f;
 
 bool is_tensor_op_math(cudnnMathType_t m) {
     return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// Winograd algorithms trade accuracy for speed, even in FMA math.  Measured on
+// an H100 with cuDNN 9.19 against a float64 reference (error relative to the
+// largest output): the non-fused variant is off by ~1e-5 with 3x3 filters and
+// by ~4e-3 with 5x5 filters (LeNet's), as coarse as TF32, where implicit GEMM
+// and FFT stay near 1e-6.  With allow_tf32 = 0 the caller asked for float32
+// accuracy, so they are skipped; with allow_tf32 = 1 they compete.
+bool is_winograd(cudnnConvolutionFwdAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+           a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool is_winograd(cudnnConvolutionBwdDataAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+           a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool is_winograd(cudnnConvolutionBwdFilterAlgo_t a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
+           a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
 // Refuse a geometry that cannot describe real tensors.
@@ -178,8 +198,9 @@ cydnnStatus_t search_workspace(cydnnContext *ctx, const char *op, void **ws, siz
 
 // Pick the fastest usable result of a Find call.  A result is usable when it
 // ran (status SUCCESS), fits the workspace it was measured with, is
-// deterministic if the plan asks for that, and does not use tensor-op math
-// unless TF32 is allowed.  Returns the index, or -1 if none is usable.
+// deterministic if the plan asks for that, and, unless TF32 is allowed, uses
+// neither tensor-op math nor Winograd.  Returns the index, or -1 if none is
+// usable.
 template <class Perf>
 int pick_fastest(const ConvPlan *plan, const Perf *perf, int count, size_t workspace_bytes) {
     int best = -1;
@@ -188,7 +209,7 @@ int pick_fastest(const ConvPlan *plan, const Perf *perf, int count, size_t works
         if (p.status != CUDNN_STATUS_SUCCESS) continue;
         if (p.memory > workspace_bytes) continue;
         if (plan->deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-        if (!plan->allow_tf32 && is_tensor_op_math(p.mathType)) continue;
+        if (!plan->allow_tf32 && (is_tensor_op_math(p.mathType) || is_winograd(p.algo))) continue;
         if (best < 0 || p.time < perf[best].time) best = i;
     }
     return best;

@@ -175,6 +175,20 @@ def _out_size(size, k, s, p):
     return (size + 2 * p - k) // s + 1
 
 
+def _window_output(op, x, kernel_hw, stride_hw, pad_hw, shapes):
+    """(oh, ow) of a window sliding over x (n, c, h, w); the kernel must fit the padded input.
+
+    Shared by convolution and pooling; ``shapes`` names the arrays for the message.
+    """
+    padded = (int(x.shape[2]) + 2 * pad_hw[0], int(x.shape[3]) + 2 * pad_hw[1])
+    if kernel_hw[0] > padded[0] or kernel_hw[1] > padded[1]:
+        raise ValueError(
+            f"{op}: kernel {kernel_hw} is larger than the padded input {padded} ({shapes}, padding {pad_hw})"
+        )
+    # At least 1 on each side, since the kernel fits the padded input.
+    return tuple(_out_size(int(x.shape[2 + i]), kernel_hw[i], stride_hw[i], pad_hw[i]) for i in (0, 1))
+
+
 def check_conv(x, w, b, stride, padding, allowed_dtypes):
     """Validate a 2-d convolution; return ``(stride_hw, pad_hw, out_hw)``.
 
@@ -201,15 +215,7 @@ def check_conv(x, w, b, stride, padding, allowed_dtypes):
     stride_hw = pair(stride, "stride", op, minimum=1)
     pad_hw = pair(padding, "padding", op, minimum=0)
     kernel_hw = (int(w.shape[2]), int(w.shape[3]))
-    padded = (int(x.shape[2]) + 2 * pad_hw[0], int(x.shape[3]) + 2 * pad_hw[1])
-    if kernel_hw[0] > padded[0] or kernel_hw[1] > padded[1]:
-        raise ValueError(
-            f"{op}: kernel {kernel_hw} is larger than the padded input {padded} "
-            f"(x {_shape(x)}, w {_shape(w)}, padding {pad_hw})"
-        )
-    out_hw = tuple(_out_size(int(x.shape[2 + i]), kernel_hw[i], stride_hw[i], pad_hw[i]) for i in (0, 1))
-    # Implied by kernel <= padded input; kept as a guard for the C layer.
-    assert min(out_hw) >= 1, out_hw
+    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, f"x {_shape(x)}, w {_shape(w)}")
     return stride_hw, pad_hw, out_hw
 
 
@@ -230,14 +236,7 @@ def check_pool(op, x, kernel, stride, padding, allowed_dtypes):
         raise ValueError(
             f"{op}: padding {pad_hw} must be at most half the kernel {kernel_hw} (x {_shape(x)})"
         )
-    padded = (int(x.shape[2]) + 2 * pad_hw[0], int(x.shape[3]) + 2 * pad_hw[1])
-    if kernel_hw[0] > padded[0] or kernel_hw[1] > padded[1]:
-        raise ValueError(
-            f"{op}: kernel {kernel_hw} is larger than the padded input {padded} "
-            f"(x {_shape(x)}, padding {pad_hw})"
-        )
-    out_hw = tuple(_out_size(int(x.shape[2 + i]), kernel_hw[i], stride_hw[i], pad_hw[i]) for i in (0, 1))
-    assert min(out_hw) >= 1, out_hw
+    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, f"x {_shape(x)}")
     return kernel_hw, stride_hw, pad_hw, out_hw
 
 

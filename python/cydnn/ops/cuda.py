@@ -104,45 +104,44 @@ def conv_backward(dy, cache):
 
 
 # ----------------------------------------------------------------- pooling
-def max_pool_forward(x, kernel=2, stride=None, padding=0):
-    """Max over each window (padding never wins); cuDNN."""
-    kernel_hw, stride_hw, pad_hw, (oh, ow) = _check.check_pool("max_pool_forward", x, kernel, stride, padding, F32)
+def _pool_forward(op, run, x, kernel, stride, padding):
+    kernel_hw, stride_hw, pad_hw, (oh, ow) = _check.check_pool(op, x, kernel, stride, padding, F32)
     host = _on_host(x)
     x = _dev(x)
     y = _C.empty((x.shape[0], x.shape[1], oh, ow))
-    _C.max_pool_forward(x, y, kernel_hw, stride_hw, pad_hw)
-    return _ret(host, y), (x, y.shape, kernel_hw, stride_hw, pad_hw)
+    run(x, y, kernel_hw, stride_hw, pad_hw)
+    return _ret(host, y), (x, y, kernel_hw, stride_hw, pad_hw)
 
 
-def max_pool_backward(dy, cache):
-    """Each window's gradient to its first maximum: a custom kernel, deterministic."""
-    x, y_shape, kernel_hw, stride_hw, pad_hw = cache
-    _check.check_same_shape("max_pool_backward", "dy", dy, "the forward output", y_shape, np.float32)
+def _pool_backward(op, run, dy, cache):
+    x, y, kernel_hw, stride_hw, pad_hw = cache
+    _check.check_same_shape(op, "dy", dy, "the forward output", y.shape, np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
     dx = _C.empty(x.shape)
-    _C.max_pool_backward(x, dy, dx, kernel_hw, stride_hw, pad_hw)
+    run(x, y, dy, dx, kernel_hw, stride_hw, pad_hw)
     return _ret(host, dx)
+
+
+def max_pool_forward(x, kernel=2, stride=None, padding=0):
+    """Max over each window (padding never wins); cuDNN."""
+    return _pool_forward("max_pool_forward", _C.max_pool_forward, x, kernel, stride, padding)
+
+
+def max_pool_backward(dy, cache):
+    """Each window's gradient to its first maximum: a custom kernel, deterministic (y is not needed)."""
+    return _pool_backward("max_pool_backward", lambda x, y, dy, dx, *g: _C.max_pool_backward(x, dy, dx, *g),
+                          dy, cache)
 
 
 def avg_pool_forward(x, kernel=2, stride=None, padding=0):
     """Mean over each window, padding counted as zeros (count_include_pad); cuDNN."""
-    kernel_hw, stride_hw, pad_hw, (oh, ow) = _check.check_pool("avg_pool_forward", x, kernel, stride, padding, F32)
-    host = _on_host(x)
-    x = _dev(x)
-    y = _C.empty((x.shape[0], x.shape[1], oh, ow))
-    _C.avg_pool_forward(x, y, kernel_hw, stride_hw, pad_hw)
-    return _ret(host, y), (x, y, kernel_hw, stride_hw, pad_hw)
+    return _pool_forward("avg_pool_forward", _C.avg_pool_forward, x, kernel, stride, padding)
 
 
 def avg_pool_backward(dy, cache):
-    x, y, kernel_hw, stride_hw, pad_hw = cache
-    _check.check_same_shape("avg_pool_backward", "dy", dy, "the forward output", y.shape, np.float32)
-    host = _on_host(dy)
-    dy = _dev(dy)
-    dx = _C.empty(x.shape)
-    _C.avg_pool_backward(x, y, dy, dx, kernel_hw, stride_hw, pad_hw)
-    return _ret(host, dx)
+    """dx: each window's gradient shared equally over its kh*kw positions; cuDNN."""
+    return _pool_backward("avg_pool_backward", _C.avg_pool_backward, dy, cache)
 
 
 # ------------------------------------------------------------- activations

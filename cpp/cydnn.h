@@ -241,6 +241,125 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
                                  float mean, float std, int pad, int max_shift, uint64_t seed,
                                  float *out_images, int32_t *out_labels);
 
+
+/* ============================================================ the fast path
+ * The reference path above is one call per op, each with its own checks.
+ * The fast path (fused_lenet.cu, fastpath.cu) is built from the same
+ * formulas for one model family, LeNet-5, and is checked against the
+ * reference path by the tests:
+ *   - one kernel runs the whole LeNet-5 forward (conv, bias, activation,
+ *     pooling, the three fully-connected layers, softmax) with the
+ *     activations in shared memory;
+ *   - one training step is three kernels: gather + forward + loss + backward
+ *     (per-block partial gradients), reduce + optimizer update of every
+ *     parameter, and a one-warp bookkeeping kernel (loss, accuracy, counters);
+ *   - CUDA-graph capture of any sequence of those launches, replayed later;
+ *   - a numpy-in / numpy-out predictor: pinned staging, one copy up, one
+ *     kernel, one copy down, a captured graph per small batch bucket.
+ * "modern": 28x28 input, ReLU, max-pool; "classic": 32x32 (28 + pad 2), tanh,
+ * average pool.  Layers: conv1 1->6 5x5, pool 2, conv2 6->16 5x5, pool 2,
+ * fc1 (256 or 400)->120, fc2 120->84, fc3 84->num_classes. */
+#define CYDNN_LENET_MAX_CLASSES 32
+#define CYDNN_LENET_MAX_TRAIN_BATCH 1024
+#define CYDNN_LENET_NUM_PARAMS 10   /* conv1.w, conv1.b, conv2.w, conv2.b, fc1.w, ..., fc3.b */
+
+typedef struct {
+    const float *p[CYDNN_LENET_NUM_PARAMS];   /* in the order above */
+} cydnnLeNetWeights;
+
+enum { CYDNN_INPUT_U8 = 0, CYDNN_INPUT_F32 = 1 };
+
+/* Number of floats of parameter i (0..9) of a LeNet-5; -1 for a bad i. */
+long cydnn_lenet_param_size(int classic, int num_classes, int i);
+
+/* The whole forward, device in, device out.  images (n, 28, 28): uint8
+ * (pixel / 255) or float32 (taken as is), padded (classic: 2 pixels),
+ * normalised (v - mean) / std.  out (n, num_classes): logits, or
+ * probabilities when softmax = 1.  n_dev: if not NULL, the image count is
+ * read from this device int (at most n) -- what a captured graph replays. */
+cydnnStatus_t cydnn_lenet_forward(cydnnContext *ctx, int classic, int num_classes,
+                                  const cydnnLeNetWeights *w, const void *images, int input_kind,
+                                  int n, const int *n_dev, float mean, float std, int softmax,
+                                  float *out);
+
+/* Device-side counters of a compiled training step (read once per epoch). */
+typedef struct {
+    long long global_step;   /* optimizer steps done (SGD's first step, Adam's t) */
+    int step_in_epoch;       /* selects the batch, its shift seed and its lr */
+    int correct;             /* training images classified right, this epoch */
+    double loss_sum;         /* sum of the steps' mean losses, this epoch */
+} cydnnLeNetCounters;
+
+enum { CYDNN_OPT_SGD = 0, CYDNN_OPT_ADAM = 1, CYDNN_OPT_ADAMW = 2 };
+
+typedef struct {
+    int classic, num_classes, batch;
+    /* data, on the device: the dataset, the epoch's order, one shift seed per step */
+    const uint8_t *images;        /* (n_images, 28, 28) */
+    const int32_t *labels;        /* (n_images) */
+    int n_images;
+    const int32_t *order;         /* (n_images): batch s row b is order[s * batch + b] */
+    int order_stride;             /* the batch size of the full steps (s * order_stride) */
+    const uint64_t *shift_seeds;  /* per step of the epoch; NULL: no shift */
+    int max_shift;
+    float mean, std;
+    /* parameters, their gradients (written: the last step's), optimizer state */
+    float *param[CYDNN_LENET_NUM_PARAMS];
+    float *grad[CYDNN_LENET_NUM_PARAMS];
+    float *state1[CYDNN_LENET_NUM_PARAMS];   /* SGD momentum buffer / Adam m (may be NULL for SGD without momentum) */
+    float *state2[CYDNN_LENET_NUM_PARAMS];   /* Adam v */
+    int optimizer;
+    float momentum, dampening, weight_decay;
+    int nesterov;
+    double beta1, beta2;
+    float eps;
+    const float *lr_table;        /* lr of step s of the epoch (device) */
+    cydnnLeNetCounters *counters; /* device */
+    void *scratch;                /* cydnn_lenet_train_scratch_bytes(classic, num_classes, batch) */
+} cydnnLeNetTrainStep;
+
+size_t cydnn_lenet_train_scratch_bytes(int classic, int num_classes, int batch);
+/* Enqueue one training step (three kernels); nothing is allocated, so it can be captured. */
+cydnnStatus_t cydnn_lenet_train_step(cydnnContext *ctx, const cydnnLeNetTrainStep *s);
+
+/* CUDA graphs of the context's stream.  Between begin and end only
+ * capturable work may be enqueued (no allocation, no synchronisation);
+ * end always ends the capture, and instantiates the graph when nothing
+ * failed.  A failed capture leaves the stream usable. */
+typedef struct cydnnGraph cydnnGraph;
+cydnnStatus_t cydnn_graph_begin(cydnnContext *ctx);
+cydnnStatus_t cydnn_graph_end(cydnnContext *ctx, int discard, cydnnGraph **graph);
+cydnnStatus_t cydnn_graph_launch(cydnnContext *ctx, cydnnGraph *graph);
+/* Number of kernel nodes in the graph. */
+int cydnn_graph_kernel_count(const cydnnGraph *graph);
+void cydnn_graph_destroy(cydnnGraph *graph);
+
+/* numpy in, numpy out: host images (n, 28, 28) uint8 or float32, host
+ * probabilities (n, num_classes).  Small n: a captured graph per bucket of
+ * sizes (copy up, forward, copy down); large n: chunks through two pinned
+ * buffers so that the host copy of one chunk overlaps the GPU work of the
+ * previous.  Waits for the result. */
+typedef struct cydnnPredictor cydnnPredictor;
+cydnnStatus_t cydnn_predictor_create(cydnnContext *ctx, int classic, int num_classes, float mean,
+                                     float std, int use_graphs, cydnnPredictor **out);
+cydnnStatus_t cydnn_predictor_run(cydnnPredictor *p, const cydnnLeNetWeights *w,
+                                  const void *host_images, int input_kind, int n, float *host_probs);
+/* Graphs built so far (for tests and the notebook). */
+int cydnn_predictor_graph_count(const cydnnPredictor *p);
+void cydnn_predictor_destroy(cydnnPredictor *p);
+
+
+/* Fused MLP: y = L_k(relu(... relu(L_1(x)))) with L_i(v) = v W_i^T + b_i, in one
+ * launch, activations in shared memory.  x (n, dims[0]), weights[i]
+ * (dims[i+1], dims[i]) as PyTorch, biases[i] (dims[i+1]) or NULL, y (n,
+ * dims[num_layers]).  ReLU between layers, none after the last.  At most
+ * CYDNN_MLP_MAX_LAYERS layers of width at most CYDNN_MLP_MAX_WIDTH. */
+#define CYDNN_MLP_MAX_LAYERS 8
+#define CYDNN_MLP_MAX_WIDTH 1024
+cydnnStatus_t cydnn_fused_mlp_forward(cydnnContext *ctx, const float *x, int n, int num_layers,
+                                      const int *dims, const float *const *weights,
+                                      const float *const *biases, float *y);
+
 #ifdef __cplusplus
 }
 #endif

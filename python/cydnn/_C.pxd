@@ -137,3 +137,74 @@ cdef class DeviceArray:
     cdef _Allocation _alloc
     cdef size_t _offset
     cdef void *data(self)
+
+
+# ------------------------------------------------ the fast path (fused_lenet.cu, fastpath.cu)
+cdef extern from "cydnn.h" nogil:
+    enum: CYDNN_LENET_MAX_CLASSES
+    enum: CYDNN_LENET_MAX_TRAIN_BATCH
+    enum: CYDNN_LENET_NUM_PARAMS
+    enum: CYDNN_INPUT_U8
+    enum: CYDNN_INPUT_F32
+    enum: CYDNN_OPT_SGD
+    enum: CYDNN_OPT_ADAM
+    enum: CYDNN_OPT_ADAMW
+
+    ctypedef struct cydnnLeNetWeights:
+        const float *p[10]
+    long cydnn_lenet_param_size(int classic, int num_classes, int i)
+    cydnnStatus_t cydnn_lenet_forward(cydnnContext *ctx, int classic, int num_classes,
+                                      const cydnnLeNetWeights *w, const void *images, int input_kind,
+                                      int n, const int *n_dev, float mean, float std, int softmax,
+                                      float *out)
+
+    ctypedef struct cydnnLeNetCounters:
+        long long global_step
+        int step_in_epoch
+        int correct
+        double loss_sum
+
+    ctypedef struct cydnnLeNetTrainStep:
+        int classic, num_classes, batch
+        const uint8_t *images
+        const int32_t *labels
+        int n_images
+        const int32_t *order
+        int order_stride
+        const uint64_t *shift_seeds
+        int max_shift
+        float mean, std
+        float *param[10]
+        float *grad[10]
+        float *state1[10]
+        float *state2[10]
+        int optimizer
+        float momentum, dampening, weight_decay
+        int nesterov
+        double beta1, beta2
+        float eps
+        const float *lr_table
+        cydnnLeNetCounters *counters
+        void *scratch
+    size_t cydnn_lenet_train_scratch_bytes(int classic, int num_classes, int batch)
+    cydnnStatus_t cydnn_lenet_train_step(cydnnContext *ctx, const cydnnLeNetTrainStep *s)
+
+    ctypedef struct cydnnGraph:
+        pass
+    cydnnStatus_t cydnn_graph_begin(cydnnContext *ctx)
+    cydnnStatus_t cydnn_graph_end(cydnnContext *ctx, int discard, cydnnGraph **graph)
+    cydnnStatus_t cydnn_graph_launch(cydnnContext *ctx, cydnnGraph *graph)
+    int cydnn_graph_kernel_count(const cydnnGraph *graph)
+    void cydnn_graph_destroy(cydnnGraph *graph)
+
+    ctypedef struct cydnnPredictor:
+        pass
+    cydnnStatus_t cydnn_predictor_create(cydnnContext *ctx, int classic, int num_classes, float mean,
+                                         float std, int use_graphs, cydnnPredictor **out)
+    cydnnStatus_t cydnn_predictor_run(cydnnPredictor *p, const cydnnLeNetWeights *w,
+                                      const void *host_images, int input_kind, int n, float *host_probs)
+    int cydnn_predictor_graph_count(const cydnnPredictor *p)
+    void cydnn_predictor_destroy(cydnnPredictor *p)
+    cydnnStatus_t cydnn_fused_mlp_forward(cydnnContext *ctx, const float *x, int n, int num_layers,
+                                          const int *dims, const float *const *weights,
+                                          const float *const *biases, float *y)

@@ -551,3 +551,4 @@ def gather_batch(DeviceArray images not None, DeviceArray labels, DeviceArray in
     check(cydnn_gather_batch(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
                              images.shape[2], i32(indices, "indices"), indices.shape[0], mean, std, pad,
                              max_shift, seed, f32(out_images, "out_images"), out_lab), "gather_batch")
+include "_fast.pxi"

@@ -94,7 +94,7 @@ class ImageClassifier(nn.Sequential):
         v = (v - dtype.type(self.mean)) / dtype.type(self.std)
         return v[:, None]
 
-    def predict(self, x, batch_size=1024):
+    def predict(self, x, batch_size=1024, fast=None):
         """Class probabilities (N, num_classes), float32 numpy, for raw images.
 
         ``x``: a numpy array of shape (28, 28) (one image, N = 1), (N, 28, 28)
@@ -103,10 +103,20 @@ class ImageClassifier(nn.Sequential):
         TypeError (type, dtype) or ValueError (shape, float values outside
         [0, 1]).  Runs in eval mode, ``batch_size`` images at a time, on the
         model's device, and restores the previous train/eval mode.
+
+        ``fast``: on the GPU, a model the fused kernels take (LeNet-5) goes
+        through :class:`cydnn.fast.FastPredictor` (one C call: pinned copy
+        up, one fused kernel, copy down; ``batch_size`` is then ignored).
+        ``fast=False`` forces the reference per-layer path; ``fast=True``
+        raises ValueError, with the reason, where the fast path cannot run.
         """
         images = self._check_images(x)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if fast is not False and self.device == "cuda":
+            predictor = self.fast_predictor(required=fast is True)
+            if predictor is not None:
+                return predictor(images)
         backend = ops.backend(self.device)
         probs = np.empty((len(images), self.num_classes), dtype=np.float32)
         was_training = self.training
@@ -119,6 +129,34 @@ class ImageClassifier(nn.Sequential):
         finally:
             self.train(was_training)
         return probs
+
+    def fast_predictor(self, required=False):
+        """The model's :class:`cydnn.fast.FastPredictor` (made on first use), or None
+        (ValueError when ``required``) where the fast path cannot run this model."""
+        # The full check runs when the layers change; per call, one tuple compare.
+        layers = tuple(self._modules.values())
+        cached = self.__dict__.get("_fast_predictor")
+        if cached is not None and cached[0] == layers and self.device == "cuda":
+            return cached[1]
+        from . import fast
+        reason = fast.lenet_unsupported_reason(self)
+        if reason is not None:
+            if required:
+                raise ValueError(f"predict(fast=True): {reason}")
+            return None
+        predictor = fast.FastPredictor(self)
+        self.__dict__["_fast_predictor"] = (layers, predictor)
+        return predictor
+
+    def compile(self, optimizer, batch_size, loss_fn=None, cuda_graph=True, fused=True):
+        """A compiled training step (:class:`cydnn.fast.CompiledStep`): checks once, static
+        buffers, fused kernels, CUDA graphs; ``step.train_epoch(loader, scheduler)``.
+
+        Falls back to the reference loop (``step.info()["reason"]`` says why) for a
+        model or optimizer the fused kernels don't take."""
+        from . import fast
+        return fast.compile_training(self, optimizer, batch_size, loss_fn=loss_fn, cuda_graph=cuda_graph,
+                                     fused=fused)
 
     def predict_classes(self, x, batch_size=1024):
         """The most probable class of each image: int64 (N,).  Same input rules as :meth:`predict`."""

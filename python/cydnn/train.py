@@ -48,6 +48,9 @@ def build_parser():
     p.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint (.npz) at the end")
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="write loss/accuracy curves and a confusion matrix (PNG; needs matplotlib)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="on the GPU, train with the compiled step (fused kernels replayed as CUDA graphs; "
+                        "see cydnn.fast); --no-cuda-graph runs the per-op reference loop")
     p.add_argument("--json", action="store_true", help="print one JSON summary object as the last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
@@ -76,6 +79,34 @@ def _lr_schedule(optimizer, args, steps_per_epoch):
     if args.schedule == "step":
         return optim.StepLR(optimizer, step_size=max(1, math.ceil(args.epochs / 3)), gamma=0.1), "epoch"
     return None, None
+
+
+def _reference_epoch(model, loss_fn, optimizer, loader, scheduler, device, progress, desc):
+    """One epoch of the per-op loop; (seconds, mean loss, train accuracy), read back once."""
+    import cydnn
+    from cydnn import ops
+    losses, outputs = [], []  # read back once, at the end of the epoch
+    if device == "cuda":
+        cydnn.cuda.synchronize()
+    start = time.perf_counter()
+    batches = loader
+    if progress is not None:
+        batches = progress(loader, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)
+    for x, y in batches:
+        logits = model(x)
+        losses.append(loss_fn(logits, y))
+        outputs.append((logits, y))
+        model.backward(loss_fn.backward())
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    if device == "cuda":
+        cydnn.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    backend = ops.backend(device)
+    loss = float(np.mean([float(backend.to_numpy(l)) for l in losses]))
+    correct = sum(int((backend.to_numpy(z).argmax(axis=1) == backend.to_numpy(t)).sum()) for z, t in outputs)
+    return seconds, loss, correct / loader.num_samples
 
 
 def evaluate(model, loader, num_classes):
@@ -137,37 +168,26 @@ def train(args, log=None):
         except ImportError:  # tqdm is a dependency, but keep training without it
             progress = None
 
+    compiled = None
+    if device == "cuda" and args.cuda_graph:
+        compiled = model.compile(optimizer, args.batch_size, loss_fn=loss_fn)
+        info = compiled.info()
+        log(f"execution: {info['mode']}" + (f" ({info['reason']})" if info["reason"] else ""))
+
     history = []
     train_seconds = 0.0
     for epoch in range(1, args.epochs + 1):
         model.train()
-        losses, outputs = [], []  # read back once, at the end of the epoch
-        if device == "cuda":
-            cydnn.cuda.synchronize()
-        start = time.perf_counter()
-        batches = train_loader
-        if progress is not None:
-            batches = progress(train_loader, desc=f"epoch {epoch}/{args.epochs}", unit="batch", leave=False,
-                               file=sys.stderr, disable=None)
-        for x, y in batches:
-            logits = model(x)
-            losses.append(loss_fn(logits, y))
-            outputs.append((logits, y))
-            model.backward(loss_fn.backward())
-            optimizer.step()
-            if schedule_unit == "step":
-                scheduler.step()
-        if device == "cuda":
-            cydnn.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        if compiled is not None:
+            stats = compiled.train_epoch(train_loader, scheduler if schedule_unit == "step" else None)
+            seconds, loss, train_acc = stats["seconds"], stats["loss"], stats["accuracy"]
+        else:
+            seconds, loss, train_acc = _reference_epoch(model, loss_fn, optimizer, train_loader,
+                                                        scheduler if schedule_unit == "step" else None,
+                                                        device, progress, f"epoch {epoch}/{args.epochs}")
         train_seconds += seconds
         if schedule_unit == "epoch":
             scheduler.step()
-
-        backend = ops.backend(device)
-        loss = float(np.mean([float(backend.to_numpy(l)) for l in losses]))
-        correct = sum(int((backend.to_numpy(z).argmax(axis=1) == backend.to_numpy(t)).sum()) for z, t in outputs)
-        train_acc = correct / len(train_images)
         test_acc, confusion = evaluate(model, test_loader, len(cls.classes))
         record = {"epoch": epoch, "loss": loss, "train_accuracy": train_acc, "test_accuracy": test_acc,
                   "seconds": seconds, "images_per_second": len(train_images) / seconds,
@@ -189,6 +209,7 @@ def train(args, log=None):
         "optimizer": args.optimizer,
         "lr": lr,
         "batch_size": args.batch_size,
+        "execution": compiled.info()["mode"] if compiled is not None else ("plain" if device == "cuda" else "cpu"),
         "seed": args.seed,
         "train_images": len(train_images),
         "history": history,

@@ -475,3 +475,40 @@ def check_index_values(op, name, values, limit, **shapes):
     if bad.size:
         i = int(bad[0])
         raise ValueError(f"{op}: {name}[{i}] = {int(values[i])} is out of range [0, {limit}) {_shapes(**shapes)}")
+
+
+MLP_MAX_LAYERS = 8
+MLP_MAX_WIDTH = 1024
+
+
+def check_fused_mlp(x, weights, biases, allowed_dtypes, max_width=None):
+    """Validate a chain of linear layers ``x -> relu(x W0^T + b0) -> ... -> x Wk^T + bk``.
+
+    x (n, d0); weights[i] (d_{i+1}, d_i); biases[i] None or (d_{i+1},); all of one
+    allowed dtype; 1 to MLP_MAX_LAYERS layers (and, for the GPU kernel, widths at
+    most ``max_width``).  Returns the widths ``(d0, ..., dk)``.
+    """
+    op = "fused_mlp_forward"
+    _array(op, "x", x, allowed_dtypes, 2, "(n, features)")
+    weights, biases = list(weights), list(biases) if biases is not None else [None] * len(list(weights))
+    if not 1 <= len(weights) <= MLP_MAX_LAYERS:
+        raise ValueError(f"{op}: 1 to {MLP_MAX_LAYERS} layers, got {len(weights)} weights")
+    if len(biases) != len(weights):
+        raise ValueError(f"{op}: {len(weights)} weights but {len(biases)} biases (use None for no bias)")
+    dims = [int(x.shape[1])]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        _array(op, f"weights[{i}]", w, allowed_dtypes, 2, "(out_features, in_features)")
+        _same_dtype(op, f"weights[{i}]", w, "x", x, x=x, **{f"weights[{i}]": w})
+        if w.shape[1] != dims[-1]:
+            raise ValueError(f"{op}: weights[{i}] takes {w.shape[1]} features but layer {i} gets {dims[-1]} "
+                             f"{_shapes(x=x, **{f'weights[{i}]': w})}")
+        if b is not None:
+            _array(op, f"biases[{i}]", b, allowed_dtypes, 1, "(out_features,)")
+            _same_dtype(op, f"biases[{i}]", b, "x", x, x=x, **{f"biases[{i}]": b})
+            if b.shape[0] != w.shape[0]:
+                raise ValueError(f"{op}: biases[{i}] has {b.shape[0]} entries but weights[{i}] has {w.shape[0]} "
+                                 f"outputs {_shapes(**{f'weights[{i}]': w, f'biases[{i}]': b})}")
+        dims.append(int(w.shape[0]))
+    if max_width is not None and max(dims) > max_width:
+        raise ValueError(f"{op}: widths {dims}: the fused kernel takes at most {max_width} features per layer")
+    return dims

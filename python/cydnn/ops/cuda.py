@@ -28,7 +28,7 @@ __all__ = [
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy", "flatten",
-    "sgd_update", "adam_update", "gather_batch",
+    "sgd_update", "adam_update", "gather_batch", "fused_mlp_forward",
 ]
 
 
@@ -349,3 +349,17 @@ def gather_batch(images, labels, indices, mean, std, pad=0, max_shift=0, seed=0)
     y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
     _C.gather_batch(images, labels, indices, mean, std, int(pad), int(max_shift), seed, x, y)
     return _ret(host, x, y)
+
+
+# ------------------------------------------------------------- fused kernels
+def fused_mlp_forward(x, weights, biases=None):
+    """Linear (+ ReLU between layers) chain in ONE kernel (cpp/fused_mlp.cu); twin: ops.cpu."""
+    _check.check_fused_mlp(x, weights, biases, F32, max_width=_check.MLP_MAX_WIDTH)
+    biases = list(biases) if biases is not None else [None] * len(weights)
+    host = _on_host(x)
+    x = _dev(x)
+    weights = tuple(_dev(w) for w in weights)
+    biases = tuple(_opt(b) for b in biases)
+    y = _C.empty((x.shape[0], weights[-1].shape[0]))
+    _C.fused_mlp_forward(x, weights, biases, y)
+    return _ret(host, y)

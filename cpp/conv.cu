@@ -23,12 +23,24 @@
 //   deterministic:  only results with determinism == CUDNN_DETERMINISTIC count.
 #include <climits>
 #include <new>
+#include <cstring>
+#include <vector>
 
 #include "common.cuh"
 
 namespace {
 
+// One result of cuDNN's measurement (kept for cydnn_conv_algorithms).
+struct Candidate {
+    int algo;
+    float time_ms;
+    int status;
+    size_t memory;
+};
+
 struct ConvPlan : cydnn::Plan {
+    // What Find measured, per direction (0 forward, 1 backward data, 2 backward filter).
+    std::vector<Candidate> measured[3];
     cudnnTensorDescriptor_t x_desc = nullptr;     // (n, c, h, w)
     cudnnTensorDescriptor_t y_desc = nullptr;     // (n, k, oh, ow)
     cudnnTensorDescriptor_t bias_desc = nullptr;  // (1, k, 1, 1)
@@ -228,6 +240,13 @@ cudnnMathType_t run_math(const ConvPlan *plan, cudnnMathType_t winner) {
     return plan->allow_tf32 ? winner : CUDNN_FMA_MATH;
 }
 
+template <class Perf>
+void record(ConvPlan *plan, int direction, const Perf *perf, int count) {
+    plan->measured[direction].clear();
+    for (int i = 0; i < count; ++i)
+        plan->measured[direction].push_back({(int)perf[i].algo, perf[i].time, (int)perf[i].status, perf[i].memory});
+}
+
 // Measure the forward algorithms on the caller's buffers (y is overwritten,
 // then rewritten by the real call that follows).
 cydnnStatus_t find_forward(cydnnContext *ctx, ConvPlan *plan, const float *x, const float *w,
@@ -250,6 +269,7 @@ cydnnStatus_t find_forward(cydnnContext *ctx, ConvPlan *plan, const float *x, co
     plan->fwd_workspace = perf[best].memory;
     plan->fwd_math = run_math(plan, perf[best].mathType);
     plan->fwd_found = true;
+    record(plan, 0, perf, returned);
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -273,6 +293,7 @@ cydnnStatus_t find_backward_data(cydnnContext *ctx, ConvPlan *plan, const float 
     plan->bwd_data_workspace = perf[best].memory;
     plan->bwd_data_math = run_math(plan, perf[best].mathType);
     plan->bwd_data_found = true;
+    record(plan, 1, perf, returned);
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -296,6 +317,7 @@ cydnnStatus_t find_backward_filter(cydnnContext *ctx, ConvPlan *plan, const floa
     plan->bwd_filter_workspace = perf[best].memory;
     plan->bwd_filter_math = run_math(plan, perf[best].mathType);
     plan->bwd_filter_found = true;
+    record(plan, 2, perf, returned);
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -435,4 +457,37 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
     } catch (const std::bad_alloc &) {
         return host_out_of_memory("conv_backward_bias");
     }
+}
+
+// ------------------------------------------------ what was chosen, and why
+size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len) {
+    static const char *kDirections[3] = {"forward", "backward_data", "backward_filter"};
+    std::string out;
+    try {
+        if (ctx != nullptr)
+            for (const auto &entry : ctx->plans) {
+                const ConvPlan *plan = dynamic_cast<const ConvPlan *>(entry.second.get());
+                if (plan == nullptr) continue;
+                const bool found[3] = {plan->fwd_found, plan->bwd_data_found, plan->bwd_filter_found};
+                const int chosen[3] = {(int)plan->fwd_algo, (int)plan->bwd_data_algo, (int)plan->bwd_filter_algo};
+                for (int d = 0; d < 3; ++d) {
+                    if (!found[d]) continue;
+                    out += entry.first + "\t" + kDirections[d] + "\t" + std::to_string(chosen[d]) + "\t";
+                    for (size_t i = 0; i < plan->measured[d].size(); ++i) {
+                        const Candidate &c = plan->measured[d][i];
+                        out += cydnn::format("%s%d:%.6f:%d:%zu", i ? "," : "", c.algo, (double)c.time_ms, c.status,
+                                             c.memory);
+                    }
+                    out += "\n";
+                }
+            }
+    } catch (const std::bad_alloc &) {
+        return 0;
+    }
+    if (buf != nullptr && len > 0) {
+        const size_t n = out.size() < len - 1 ? out.size() : len - 1;
+        memcpy(buf, out.data(), n);
+        buf[n] = '\0';
+    }
+    return out.size() + 1;
 }

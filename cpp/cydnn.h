@@ -152,6 +152,13 @@ cydnnStatus_t cydnn_conv_backward_filter(cydnnContext *ctx, const cydnnConvGeome
 cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g,
                                        const float *dy, float *dbias);
 
+/* What cuDNN's measurement chose for each convolution plan, as text: one line
+ * per measured direction, "<plan key>\t<forward|backward_data|backward_filter>
+ * \t<chosen algo>\t<algo>:<ms>:<status>:<workspace bytes>,..." (every
+ * candidate cuDNN timed).  Writes at most len bytes (NUL-terminated) and
+ * returns the size needed, NUL included. */
+size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len);
+
 /* ---------------------------------------------------------------- pooling */
 /* x (n, c, h, w), y (n, c, oh, ow), oh = (h + 2*pad_h - kh) / stride_h + 1.
  * Max pooling ignores padding; average pooling counts the padding (as PyTorch's

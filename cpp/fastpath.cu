@@ -8,10 +8,11 @@
 //
 // The predictor turns host images into host probabilities with as little
 // host work as the hardware allows:
-//   small n (<= kSmallMax): one pinned buffer [n | images], one captured
-//     graph per size bucket (1, 2, 4, ..., 64): copy up, the fused forward
-//     (which reads n from the device copy of the header), copy down.  A call
-//     is memcpy into pinned memory, one graph launch, one wait, memcpy out.
+//   small n (<= kSmallMax): one mapped pinned buffer [n | images], one
+//     captured graph per size bucket (1, 2, 4, ..., 64) holding the fused
+//     forward, which reads n and the images from that host buffer and writes
+//     the probabilities to another over PCIe.  A call is memcpy into pinned
+//     memory, one graph launch, one wait, memcpy out.
 //   large n: chunks of kChunk images through two pinned buffers, so that the
 //     host copy of chunk i+1 overlaps the GPU's copy, forward and copy back
 //     of chunk i.
@@ -109,8 +110,8 @@ constexpr size_t kHeader = 16;    // bytes before the images: int n
 
 size_t elem_size(int kind) { return kind == CYDNN_INPUT_U8 ? 1 : 4; }
 
-struct Small {  // one per input kind
-    void *h_in = nullptr, *d_in = nullptr;   // [header | kSmallMax images]
+struct Small {  // one per input kind: mapped pinned memory, read and written by the kernel itself
+    void *h_in = nullptr, *d_in = nullptr;   // [header | kSmallMax images]; d_in is h_in seen from the GPU
     float *h_out = nullptr, *d_out = nullptr;
     cydnnGraph *graphs[kBuckets] = {};
 };
@@ -149,15 +150,18 @@ cydnnStatus_t host_alloc(void **ptr, size_t bytes) {
     return CYDNN_STATUS_SUCCESS;
 }
 
+// Small batches skip the copies: the buffers are pinned host memory mapped
+// into the GPU's address space, so the kernel reads the images (a few KB)
+// and writes the probabilities over PCIe itself -- one graph node, not three.
 cydnnStatus_t ensure_small(cydnnPredictor *p, int kind) {
     Small &s = p->small[kind];
     if (s.h_in != nullptr) return CYDNN_STATUS_SUCCESS;
     const size_t in_bytes = kHeader + (size_t)kSmallMax * 784 * elem_size(kind);
     const size_t out_bytes = sizeof(float) * (size_t)kSmallMax * p->nc;
-    CYDNN_TRY(host_alloc(&s.h_in, in_bytes));
-    CYDNN_TRY(host_alloc((void **)&s.h_out, out_bytes));
-    CYDNN_TRY(cydnn_malloc(p->ctx, in_bytes, &s.d_in));
-    CYDNN_TRY(cydnn_malloc(p->ctx, out_bytes, (void **)&s.d_out));
+    CYDNN_CUDA(kPredictOp, cudaHostAlloc(&s.h_in, in_bytes, cudaHostAllocMapped));
+    CYDNN_CUDA(kPredictOp, cudaHostAlloc((void **)&s.h_out, out_bytes, cudaHostAllocMapped));
+    CYDNN_CUDA(kPredictOp, cudaHostGetDevicePointer(&s.d_in, s.h_in, 0));
+    CYDNN_CUDA(kPredictOp, cudaHostGetDevicePointer((void **)&s.d_out, s.h_out, 0));
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -176,17 +180,11 @@ cydnnStatus_t ensure_large(cydnnPredictor *p) {
     return CYDNN_STATUS_SUCCESS;
 }
 
-// Enqueue copy up, forward, copy down of the small buffers for `bucket` images.
+// Enqueue the forward of up to `bucket` images (the count is read from the header).
 cydnnStatus_t enqueue_small(cydnnPredictor *p, int kind, int bucket, const cydnnLeNetWeights *w) {
     Small &s = p->small[kind];
-    cudaStream_t st = p->ctx->stream;
-    CYDNN_CUDA(kPredictOp, cudaMemcpyAsync(s.d_in, s.h_in, kHeader + (size_t)bucket * 784 * elem_size(kind),
-                                           cudaMemcpyHostToDevice, st));
-    CYDNN_TRY(cydnn_lenet_forward(p->ctx, p->classic, p->nc, w, (char *)s.d_in + kHeader, kind, bucket,
-                                  (const int *)s.d_in, p->mean, p->std, 1, s.d_out));
-    CYDNN_CUDA(kPredictOp, cudaMemcpyAsync(s.h_out, s.d_out, sizeof(float) * (size_t)bucket * p->nc,
-                                           cudaMemcpyDeviceToHost, st));
-    return CYDNN_STATUS_SUCCESS;
+    return cydnn_lenet_forward(p->ctx, p->classic, p->nc, w, (char *)s.d_in + kHeader, kind, bucket,
+                               (const int *)s.d_in, p->mean, p->std, 1, s.d_out);
 }
 
 cydnnStatus_t run_small(cydnnPredictor *p, const cydnnLeNetWeights *w, const void *images, int kind,
@@ -300,8 +298,6 @@ void cydnn_predictor_destroy(cydnnPredictor *p) {
     for (auto &s : p->small) {
         if (s.h_in) cudaFreeHost(s.h_in);
         if (s.h_out) cudaFreeHost(s.h_out);
-        if (s.d_in) cydnn_free(p->ctx, s.d_in);
-        if (s.d_out) cydnn_free(p->ctx, s.d_out);
     }
     for (int i = 0; i < 2; ++i) {
         if (p->large.h_in[i]) cudaFreeHost(p->large.h_in[i]);

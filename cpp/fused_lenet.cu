@@ -21,13 +21,13 @@
 //   argmax bytes (training).  Backward overwrites a1/a2 with their gradients.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "common.cuh"
 
 namespace {
 
-constexpr int kBlock = 256;     // threads per block (8 warps)
-constexpr int kWarps = kBlock / 32;
+constexpr int kMaxThreads = 1024;   // the kernels take any multiple of 32 up to this
 constexpr int kGMax = 4;        // images per block at most
 constexpr int KS = 5, K1 = 6, K2 = 16, F1 = 120, F2 = 84, ZPAD = 32;
 
@@ -64,6 +64,14 @@ struct Net {
     static constexpr int TRAIN_END = ARG1 + (K1 * P1 * P1 + FLAT + 3) / 4;
     // slot sizes rounded to an odd multiple of... keep 4-float alignment
     static constexpr int FWD_SLOT = (FWD_END + 3) / 4 * 4;
+    // inference-only slot (conv and pool fused: no a1 / a2)
+    static constexpr int I_X = 0;
+    static constexpr int I_P1 = I_X + IN * IN;
+    static constexpr int I_P2 = I_P1 + K1 * P1 * P1;
+    static constexpr int I_H1 = I_P2 + FLAT;
+    static constexpr int I_H2 = I_H1 + F1;
+    static constexpr int I_Z = I_H2 + F2;
+    static constexpr int INFER_SLOT = (I_Z + ZPAD + 3) / 4 * 4;
     static constexpr int TRAIN_SLOT = (TRAIN_END + 3) / 4 * 4;
 };
 
@@ -119,25 +127,86 @@ __device__ __forceinline__ float warp_max(float v) {
 // stride S floats); the caller puts a __syncthreads() between layers.
 
 // out[g][k][oy][ox] = act(b[k] + sum_{c,i,j} w[k][c][i][j] in[g][c][oy+i][ox+j])
-template <int CIN, int H, int COUT, int ACT>
-__device__ void conv_forward(const float *in, float *out, int S, int G, const float *__restrict__ w,
-                             const float *__restrict__ b) {
-    constexpr int OH = H - KS + 1, PER = COUT * OH * OH;
-    for (int idx = threadIdx.x; idx < G * PER; idx += kBlock) {
+// A thread computes KT output channels at one position: each input value it
+// loads serves KT multiply-adds (w and b are in shared memory: the loads of a
+// warp, which share k, are broadcasts).
+template <int CIN, int H, int COUT, int KT, int ACT>
+__device__ void conv_forward(const float *in, float *out, int S, int G, const float *w, const float *b) {
+    constexpr int OH = H - KS + 1, GROUPS = COUT / KT, PER = GROUPS * OH * OH;
+    static_assert(COUT % KT == 0, "KT must divide COUT");
+    for (int idx = threadIdx.x; idx < G * PER; idx += blockDim.x) {
         const int g = idx / PER, r = idx - g * PER;
-        const int k = r / (OH * OH), p = r - k * OH * OH;
+        const int kg = r / (OH * OH), p = r - kg * OH * OH;
         const int oy = p / OH, ox = p - oy * OH;
         const float *ip = in + g * S + oy * H + ox;
-        const float *wp = w + k * CIN * KS * KS;
-        float acc = 0.0f;
+        const float *wp = w + kg * KT * CIN * KS * KS;
+        float acc[KT];
+#pragma unroll
+        for (int t = 0; t < KT; ++t) acc[t] = 0.0f;
         for (int c = 0; c < CIN; ++c) {
 #pragma unroll
             for (int i = 0; i < KS; ++i)
 #pragma unroll
-                for (int j = 0; j < KS; ++j)
-                    acc = fmaf(ip[(c * H + i) * H + j], __ldg(wp + (c * KS + i) * KS + j), acc);
+                for (int j = 0; j < KS; ++j) {
+                    const float v = ip[(c * H + i) * H + j];
+#pragma unroll
+                    for (int t = 0; t < KT; ++t)
+                        acc[t] = fmaf(v, wp[((t * CIN + c) * KS + i) * KS + j], acc[t]);
+                }
         }
-        out[g * S + r] = activate<ACT>(acc + __ldg(b + k));
+#pragma unroll
+        for (int t = 0; t < KT; ++t)
+            out[g * S + (kg * KT + t) * OH * OH + p] = activate<ACT>(acc[t] + b[kg * KT + t]);
+    }
+}
+
+// Inference only: conv + bias + activation + 2x2 pool in one pass.  A thread
+// computes KT channels of one pooled output: the 6x6 input patch under its
+// four conv windows is loaded once per input channel (36 loads for 100*KT
+// multiply-adds); the four values are activated, then max-ed or averaged, as
+// the reference's conv -> act -> pool.
+template <int CIN, int H, int COUT, int KT, int ACT, bool MAX>
+__device__ void conv_pool_forward(const float *in, float *out, int S, int G, const float *w, const float *b) {
+    constexpr int OH = H - KS + 1, PH = OH / 2, GROUPS = COUT / KT, PER = GROUPS * PH * PH;
+    static_assert(COUT % KT == 0, "KT must divide COUT");
+    for (int idx = threadIdx.x; idx < G * PER; idx += blockDim.x) {
+        const int g = idx / PER, r = idx - g * PER;
+        const int kg = r / (PH * PH), p = r - kg * PH * PH;
+        const int py = p / PH, px = p - py * PH;
+        const float *ip = in + g * S + (2 * py) * H + 2 * px;
+        const float *wp = w + kg * KT * CIN * KS * KS;
+        float acc[KT][4];
+#pragma unroll
+        for (int t = 0; t < KT; ++t)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[t][q] = 0.0f;
+        for (int c = 0; c < CIN; ++c) {
+            float v[KS + 1][KS + 1];
+#pragma unroll
+            for (int i = 0; i <= KS; ++i)
+#pragma unroll
+                for (int j = 0; j <= KS; ++j) v[i][j] = ip[(c * H + i) * H + j];
+#pragma unroll
+            for (int i = 0; i < KS; ++i)
+#pragma unroll
+                for (int j = 0; j < KS; ++j)
+#pragma unroll
+                    for (int t = 0; t < KT; ++t) {
+                        const float wv = wp[((t * CIN + c) * KS + i) * KS + j];
+                        acc[t][0] = fmaf(v[i][j], wv, acc[t][0]);
+                        acc[t][1] = fmaf(v[i][j + 1], wv, acc[t][1]);
+                        acc[t][2] = fmaf(v[i + 1][j], wv, acc[t][2]);
+                        acc[t][3] = fmaf(v[i + 1][j + 1], wv, acc[t][3]);
+                    }
+        }
+#pragma unroll
+        for (int t = 0; t < KT; ++t) {
+            const float bias = b[kg * KT + t];
+            const float a0 = activate<ACT>(acc[t][0] + bias), a1 = activate<ACT>(acc[t][1] + bias);
+            const float a2 = activate<ACT>(acc[t][2] + bias), a3 = activate<ACT>(acc[t][3] + bias);
+            out[g * S + (kg * KT + t) * PH * PH + p] =
+                MAX ? fmaxf(fmaxf(a0, a1), fmaxf(a2, a3)) : (a0 + a1 + a2 + a3) * 0.25f;
+        }
     }
 }
 
@@ -146,7 +215,7 @@ __device__ void conv_forward(const float *in, float *out, int S, int G, const fl
 template <int C, int H, bool MAX>
 __device__ void pool_forward(const float *in, float *out, unsigned char *arg, int S, int G) {
     constexpr int OH = H / 2, PER = C * OH * OH;
-    for (int idx = threadIdx.x; idx < G * PER; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * PER; idx += blockDim.x) {
         const int g = idx / PER, r = idx - g * PER;
         const int c = r / (OH * OH), p = r - c * OH * OH;
         const int oy = p / OH, ox = p - oy * OH;
@@ -172,7 +241,7 @@ template <int IN_F, int ACT>
 __device__ void fc_forward(const float *in, float *out, int S, int G, const float *__restrict__ W,
                            const float *__restrict__ b, int OUT) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int o = warp; o < OUT; o += kWarps) {
+    for (int o = warp; o < OUT; o += blockDim.x / 32) {
         float acc[kGMax];
 #pragma unroll
         for (int g = 0; g < kGMax; ++g) acc[g] = 0.0f;
@@ -194,13 +263,13 @@ __device__ void fc_forward(const float *in, float *out, int S, int G, const floa
 template <int IN_F>
 __device__ void fc_backward_params(const float *in, const float *dout, int S, int G, float *gW,
                                    float *gB, int OUT) {
-    for (int idx = threadIdx.x; idx < OUT * IN_F; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < OUT * IN_F; idx += blockDim.x) {
         const int o = idx / IN_F, i = idx - o * IN_F;
         float acc = 0.0f;
         for (int g = 0; g < G; ++g) acc = fmaf(dout[g * S + o], in[g * S + i], acc);
         gW[idx] = acc;
     }
-    for (int o = threadIdx.x; o < OUT; o += kBlock) {
+    for (int o = threadIdx.x; o < OUT; o += blockDim.x) {
         float acc = 0.0f;
         for (int g = 0; g < G; ++g) acc += dout[g * S + o];
         gB[o] = acc;
@@ -211,7 +280,7 @@ __device__ void fc_backward_params(const float *in, const float *dout, int S, in
 template <int IN_F, int ACT>
 __device__ void fc_backward_input(const float *dout, const float *y, float *din, int S, int G,
                                   const float *__restrict__ W, int OUT) {
-    for (int idx = threadIdx.x; idx < G * IN_F; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * IN_F; idx += blockDim.x) {
         const int g = idx / IN_F, i = idx - g * IN_F;
         float acc = 0.0f;
         for (int o = 0; o < OUT; ++o) acc = fmaf(__ldg(W + (long)o * IN_F + i), dout[g * S + o], acc);
@@ -225,7 +294,7 @@ __device__ void fc_backward_input(const float *dout, const float *y, float *din,
 template <int C, int H, bool MAX, int ACT>
 __device__ void pool_act_backward(const float *dp, float *a, const unsigned char *arg, int S, int G) {
     constexpr int OH = H / 2, PER = C * H * H;
-    for (int idx = threadIdx.x; idx < G * PER; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * PER; idx += blockDim.x) {
         const int g = idx / PER, r = idx - g * PER;
         const int c = r / (H * H), p = r - c * H * H;
         const int y = p / H, x = p - y * H;
@@ -240,56 +309,67 @@ __device__ void pool_act_backward(const float *dp, float *a, const unsigned char
 }
 
 // gW[k][c][i][j] = sum_{g,oy,ox} da[g][k][oy][ox] in[g][c][oy+i][ox+j];  gB[k] = sum da[g][k]
-template <int CIN, int H, int COUT>
+// The weights' and biases' COUT*(CIN*25 + 1) sums are each split into RS
+// bands of rows (more threads at work for conv1's 156 long sums): band sums
+// go to `scratch` (shared memory, free at this point) and are then added in
+// a fixed order.  With RS = 1 the sums are written directly.
+template <int CIN, int H, int COUT, int RS>
 __device__ void conv_backward_params(const float *in, const float *da, int S, int G, float *gW,
-                                     float *gB) {
-    constexpr int OH = H - KS + 1;
-    for (int idx = threadIdx.x; idx < COUT * CIN * KS * KS; idx += kBlock) {
-        const int k = idx / (CIN * KS * KS), r = idx - k * CIN * KS * KS;
-        const int c = r / (KS * KS), q = r - c * KS * KS;
-        const int i = q / KS, j = q - i * KS;
+                                     float *gB, float *scratch) {
+    constexpr int OH = H - KS + 1, NW = COUT * CIN * KS * KS, NE = NW + COUT;
+    constexpr int BAND = (OH + RS - 1) / RS;
+    for (int idx = threadIdx.x; idx < NE * RS; idx += blockDim.x) {
+        const int e = idx / RS, band = idx - e * RS;
+        const int y0 = band * BAND, y1 = min(OH, y0 + BAND);
         float acc = 0.0f;
-        for (int g = 0; g < G; ++g) {
-            const float *dap = da + g * S + k * OH * OH;
-            const float *ip = in + g * S + (c * H + i) * H + j;
-            for (int oy = 0; oy < OH; ++oy)
-#pragma unroll 4
-                for (int ox = 0; ox < OH; ++ox) acc = fmaf(dap[oy * OH + ox], ip[oy * H + ox], acc);
+        if (e < NW) {
+            const int k = e / (CIN * KS * KS), r = e - k * CIN * KS * KS;
+            const int c = r / (KS * KS), q = r - c * KS * KS;
+            const int i = q / KS, j = q - i * KS;
+            for (int g = 0; g < G; ++g) {
+                const float *dap = da + g * S + k * OH * OH;
+                const float *ip = in + g * S + (c * H + i) * H + j;
+                for (int oy = y0; oy < y1; ++oy)
+#pragma unroll
+                    for (int ox = 0; ox < OH; ++ox) acc = fmaf(dap[oy * OH + ox], ip[oy * H + ox], acc);
+            }
+        } else {
+            const int k = e - NW;
+            for (int g = 0; g < G; ++g)
+                for (int p = y0 * OH; p < y1 * OH; ++p) acc += da[g * S + k * OH * OH + p];
         }
-        gW[idx] = acc;
+        if (RS == 1)
+            (e < NW ? gW[e] : gB[e - NW]) = acc;
+        else
+            scratch[idx] = acc;
     }
-    for (int k = threadIdx.x; k < COUT; k += kBlock) {
-        float acc = 0.0f;
-        for (int g = 0; g < G; ++g)
-            for (int p = 0; p < OH * OH; ++p) acc += da[g * S + k * OH * OH + p];
-        gB[k] = acc;
+    if (RS > 1) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < NE; e += blockDim.x) {
+            float acc = 0.0f;
+            for (int band = 0; band < RS; ++band) acc += scratch[e * RS + band];
+            (e < NW ? gW[e] : gB[e - NW]) = acc;
+        }
     }
 }
 
-// din[g][c][y][x] = sum_{k,i,j} da[g][k][y-i][x-j] w[k][c][i][j]   (the "full" correlation)
+// din[g][c][y][x] = sum_{k,i,j} da[g][k][y-i][x-j] w[k][c][i][j]   (the "full" correlation;
+// only the (i, j) with y-i, x-j inside the output are visited)
 template <int CIN, int H, int COUT>
-__device__ void conv_backward_input(const float *da, float *din, int S, int G,
-                                    const float *__restrict__ w) {
+__device__ void conv_backward_input(const float *da, float *din, int S, int G, const float *w) {
     constexpr int OH = H - KS + 1, PER = CIN * H * H;
-    for (int idx = threadIdx.x; idx < G * PER; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * PER; idx += blockDim.x) {
         const int g = idx / PER, r = idx - g * PER;
         const int c = r / (H * H), p = r - c * H * H;
         const int y = p / H, x = p - y * H;
+        const int i0 = max(0, y - (OH - 1)), i1 = min(KS - 1, y);
+        const int j0 = max(0, x - (OH - 1)), j1 = min(KS - 1, x);
         float acc = 0.0f;
         for (int k = 0; k < COUT; ++k) {
-            const float *dap = da + g * S + k * OH * OH;
+            const float *dap = da + g * S + k * OH * OH + y * OH + x;   // dap[-(i*OH + j)] = da[y-i][x-j]
             const float *wp = w + (k * CIN + c) * KS * KS;
-#pragma unroll
-            for (int i = 0; i < KS; ++i) {
-                const int oy = y - i;
-                if (oy < 0 || oy >= OH) continue;
-#pragma unroll
-                for (int j = 0; j < KS; ++j) {
-                    const int ox = x - j;
-                    if (ox < 0 || ox >= OH) continue;
-                    acc = fmaf(dap[oy * OH + ox], __ldg(wp + i * KS + j), acc);
-                }
-            }
+            for (int i = i0; i <= i1; ++i)
+                for (int j = j0; j <= j1; ++j) acc = fmaf(dap[-(i * OH + j)], wp[i * KS + j], acc);
         }
         din[g * S + r] = acc;
     }
@@ -301,7 +381,7 @@ template <bool CL>
 __device__ void load_raw(const void *images, int kind, int first, int G, int S, float mean,
                          float std, float *sm) {
     using N = Net<CL>;
-    for (int idx = threadIdx.x; idx < G * N::IN * N::IN; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * N::IN * N::IN; idx += blockDim.x) {
         const int g = idx / (N::IN * N::IN), p = idx - g * N::IN * N::IN;
         const int iy = p / N::IN - N::PAD, ix = p % N::IN - N::PAD;
         float v = 0.0f;
@@ -323,7 +403,7 @@ __device__ void load_batch(const cydnnLeNetTrainStep &a, int step, int first, in
     const uint64_t seed = a.shift_seeds != nullptr ? a.shift_seeds[step] : 0;
     const uint64_t span = 2 * (uint64_t)a.max_shift + 1;
     const long base = (long)step * a.order_stride;
-    for (int idx = threadIdx.x; idx < G * N::IN * N::IN; idx += kBlock) {
+    for (int idx = threadIdx.x; idx < G * N::IN * N::IN; idx += blockDim.x) {
         const int g = idx / (N::IN * N::IN), p = idx - g * N::IN * N::IN;
         const int b = first + g;  // row in the batch
         const int index = a.order[base + b];
@@ -341,22 +421,34 @@ __device__ void load_batch(const cydnnLeNetTrainStep &a, int step, int first, in
         }
         sm[g * S + N::X + p] = (v - a.mean) / a.std;
     }
-    for (int g = threadIdx.x; g < G; g += kBlock) {
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
         const int index = a.order[base + first + g];
         labels_out[g] = (index >= 0 && index < a.n_images) ? a.labels[index] : -1;
     }
 }
 
 // ------------------------------------------------------------ forward
+// conv1's and conv2's weights and biases, copied once per block to the front
+// of shared memory: cw[0:150] w1, [150:156] b1, [156:2556] w2, [2556:2572] b2.
+constexpr int kConvW = 2576;   // 2572 rounded up to a multiple of 4
+
+__device__ void load_conv_weights(const float *const *w, float *cw) {
+    for (int i = threadIdx.x; i < 2572; i += blockDim.x) {
+        const float *src = i < 150 ? w[0] + i : i < 156 ? w[1] + (i - 150) : i < 2556 ? w[2] + (i - 156)
+                                                                                     : w[3] + (i - 2556);
+        cw[i] = __ldg(src);
+    }
+}
+
 template <bool CL>
-__device__ void forward(float *sm, int S, int G, const float *const *w, unsigned char *arg,
+__device__ void forward(float *sm, int S, int G, const float *const *w, const float *cw, unsigned char *arg,
                         int nc) {
     using N = Net<CL>;
-    conv_forward<1, N::IN, K1, N::ACT>(sm + N::X, sm + N::A1, S, G, w[0], w[1]);
+    conv_forward<1, N::IN, K1, K1, N::ACT>(sm + N::X, sm + N::A1, S, G, cw, cw + 150);
     __syncthreads();
     pool_forward<K1, N::C1, N::MAXPOOL>(sm + N::A1, sm + N::PL1, arg, S, G);
     __syncthreads();
-    conv_forward<K1, N::P1, K2, N::ACT>(sm + N::PL1, sm + N::A2, S, G, w[2], w[3]);
+    conv_forward<K1, N::P1, K2, 4, N::ACT>(sm + N::PL1, sm + N::A2, S, G, cw + 156, cw + 2556);
     __syncthreads();
     pool_forward<K2, N::C2, N::MAXPOOL>(sm + N::A2, sm + N::PL2,
                                         arg == nullptr ? nullptr : arg + N::ARG2_BYTE, S, G);
@@ -369,22 +461,43 @@ __device__ void forward(float *sm, int S, int G, const float *const *w, unsigned
     __syncthreads();
 }
 
-template <bool CL>
-__global__ void __launch_bounds__(kBlock)
+// The inference forward: LAT (one image, latency) spreads the convolutions
+// over more, shorter work items; otherwise each item does more multiply-adds
+// per load (throughput).
+template <bool CL, bool LAT>
+__device__ void forward_infer(float *sm, int S, int G, const float *const *w, const float *cw, int nc) {
+    using N = Net<CL>;
+    conv_pool_forward<1, N::IN, K1, LAT ? 1 : 3, N::ACT, N::MAXPOOL>(sm + N::I_X, sm + N::I_P1, S, G, cw, cw + 150);
+    __syncthreads();
+    conv_pool_forward<K1, N::P1, K2, LAT ? 1 : 2, N::ACT, N::MAXPOOL>(sm + N::I_P1, sm + N::I_P2, S, G, cw + 156,
+                                                                   cw + 2556);
+    __syncthreads();
+    fc_forward<N::FLAT, N::ACT>(sm + N::I_P2, sm + N::I_H1, S, G, w[4], w[5], F1);
+    __syncthreads();
+    fc_forward<F1, N::ACT>(sm + N::I_H1, sm + N::I_H2, S, G, w[6], w[7], F2);
+    __syncthreads();
+    fc_forward<F2, kNone>(sm + N::I_H2, sm + N::I_Z, S, G, w[8], w[9], nc);
+    __syncthreads();
+}
+
+template <bool CL, bool LAT>
+__global__ void __launch_bounds__(kMaxThreads)
     forward_kernel(cydnnLeNetWeights w, const void *images, int kind, int n, const int *n_dev,
                    float mean, float std, int nc, int softmax, float *out, int G) {
     using N = Net<CL>;
-    extern __shared__ float sm[];
+    extern __shared__ float smem[];
+    float *cw = smem, *sm = smem + kConvW;
     if (n_dev != nullptr) n = min(n, *n_dev);
-    const int S = N::FWD_SLOT;
+    const int S = N::INFER_SLOT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    load_conv_weights(w.p, cw);
     for (int first = blockIdx.x * G; first < n; first += gridDim.x * G) {
         const int Gb = min(G, n - first);
         load_raw<CL>(images, kind, first, Gb, S, mean, std, sm);
         __syncthreads();
-        forward<CL>(sm, S, Gb, w.p, nullptr, nc);
+        forward_infer<CL, LAT>(sm, S, Gb, w.p, cw, nc);
         if (warp < Gb) {
-            const float *z = sm + warp * S + N::Z;
+            const float *z = sm + warp * S + N::I_Z;
             const float v = lane < nc ? z[lane] : -INFINITY;
             float *o = out + (long)(first + warp) * nc;
             if (softmax) {
@@ -431,10 +544,11 @@ size_t scratch_bytes(bool classic, int nc, int batch) {
 }
 
 template <bool CL>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kMaxThreads)
     train_kernel(cydnnLeNetTrainStep a, TrainScratch t, int G) {
     using N = Net<CL>;
-    extern __shared__ float sm[];
+    extern __shared__ float smem[];
+    float *cw = smem, *sm = smem + kConvW;
     __shared__ int labels[kGMax];
     const int S = N::TRAIN_SLOT;
     const int nc = a.num_classes;
@@ -454,9 +568,10 @@ __global__ void __launch_bounds__(kBlock)
     const float *w[CYDNN_LENET_NUM_PARAMS];
     for (int i = 0; i < CYDNN_LENET_NUM_PARAMS; ++i) w[i] = a.param[i];
 
+    load_conv_weights(w, cw);
     load_batch<CL>(a, step, first, Gb, S, sm, labels);
     __syncthreads();
-    forward<CL>(sm, S, Gb, w, arg, nc);
+    forward<CL>(sm, S, Gb, w, cw, arg, nc);
 
     // Loss and dLoss/dz, one warp per image, as the reference fused
     // cross-entropy: dz = (softmax - onehot) / batch.
@@ -498,14 +613,14 @@ __global__ void __launch_bounds__(kBlock)
     pool_act_backward<K2, N::C2, N::MAXPOOL, N::ACT>(sm + N::DP2, sm + N::A2, arg + N::ARG2_BYTE, S, Gb);
     __syncthreads();
     // conv2
-    conv_backward_params<K1, N::P1, K2>(sm + N::PL1, sm + N::A2, S, Gb, pg[2], pg[3]);
-    conv_backward_input<K1, N::P1, K2>(sm + N::A2, sm + N::DP1, S, Gb, w[2]);
+    conv_backward_params<K1, N::P1, K2, 1>(sm + N::PL1, sm + N::A2, S, Gb, pg[2], pg[3], nullptr);
+    conv_backward_input<K1, N::P1, K2>(sm + N::A2, sm + N::DP1, S, Gb, cw + 156);
     __syncthreads();
     // pool1 and act1
     pool_act_backward<K1, N::C1, N::MAXPOOL, N::ACT>(sm + N::DP1, sm + N::A1, arg, S, Gb);
     __syncthreads();
     // conv1 (no gradient for the input)
-    conv_backward_params<1, N::IN, K1>(sm + N::X, sm + N::A1, S, Gb, pg[0], pg[1]);
+    conv_backward_params<1, N::IN, K1, 4>(sm + N::X, sm + N::A1, S, Gb, pg[0], pg[1], sm + N::DP1);
 }
 
 // Sum the blocks' partial gradients (fixed order), write the gradient, and
@@ -583,6 +698,15 @@ cydnnStatus_t allow_smem(Kernel kernel, size_t bytes, const char *op) {
     return CYDNN_STATUS_SUCCESS;
 }
 
+// Threads per block: a default measured on an H100, overridable (a multiple of
+// 32 up to 1024) by an environment variable for experiments.
+int threads_for(const char *env, int fallback) {
+    const char *v = getenv(env);
+    if (v == nullptr) return fallback;
+    const int t = atoi(v);
+    return (t >= 32 && t <= kMaxThreads && t % 32 == 0) ? t : fallback;
+}
+
 int g_sm_count = 0;
 
 int sm_count() {
@@ -600,14 +724,21 @@ cydnnStatus_t launch_forward(cydnnContext *ctx, int nc, const cydnnLeNetWeights 
                              const void *images, int kind, int n, const int *n_dev, float mean,
                              float std, int softmax, float *out) {
     const char *op = "lenet_forward";
-    const int G = n >= 2 * sm_count() ? kGMax : 1;
-    const size_t smem = sizeof(float) * (size_t)G * Net<CL>::FWD_SLOT;
-    CYDNN_TRY(allow_smem(forward_kernel<CL>, smem, op));
-    long want = (n + G - 1) / G;
-    const long cap = 2L * sm_count();
+    const bool lat = n < 2 * sm_count();   // fewer images than the GPU has room for: one per block
+    const int G = lat ? 1 : kGMax;
+    const size_t smem = sizeof(float) * ((size_t)G * Net<CL>::INFER_SLOT + kConvW);
+    const long want = (n + G - 1) / G;
+    const long cap = 4L * sm_count();
     const int blocks = (int)(want < cap ? want : cap);
-    forward_kernel<CL><<<blocks, kBlock, smem, ctx->stream>>>(*w, images, kind, n, n_dev, mean, std, nc,
-                                                              softmax, out, G);
+    if (lat) {
+        CYDNN_TRY(allow_smem(forward_kernel<CL, true>, smem, op));
+        forward_kernel<CL, true><<<blocks, threads_for("CYDNN_FWD1_THREADS", 1024), smem, ctx->stream>>>(
+            *w, images, kind, n, n_dev, mean, std, nc, softmax, out, G);
+    } else {
+        CYDNN_TRY(allow_smem(forward_kernel<CL, false>, smem, op));
+        forward_kernel<CL, false><<<blocks, threads_for("CYDNN_FWD_THREADS", 512), smem, ctx->stream>>>(
+            *w, images, kind, n, n_dev, mean, std, nc, softmax, out, G);
+    }
     CYDNN_LAUNCH_CHECK(op, "forward_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
@@ -617,10 +748,10 @@ cydnnStatus_t launch_train(cydnnContext *ctx, const cydnnLeNetTrainStep *s) {
     const char *op = "lenet_train_step";
     const int G = images_per_block(s->batch);
     const int blocks = (s->batch + G - 1) / G;
-    const size_t smem = sizeof(float) * (size_t)G * Net<CL>::TRAIN_SLOT;
+    const size_t smem = sizeof(float) * ((size_t)G * Net<CL>::TRAIN_SLOT + kConvW);
     CYDNN_TRY(allow_smem(train_kernel<CL>, smem, op));
     const TrainScratch t = scratch_layout(s->scratch, CL, s->num_classes, s->batch);
-    train_kernel<CL><<<blocks, kBlock, smem, ctx->stream>>>(*s, t, G);
+    train_kernel<CL><<<blocks, threads_for("CYDNN_TRAIN_THREADS", 1024), smem, ctx->stream>>>(*s, t, G);
     CYDNN_LAUNCH_CHECK(op, "train_kernel");
     const long P = param_total(CL, s->num_classes);
     update_kernel<<<(unsigned)((P + 255) / 256), 256, 0, ctx->stream>>>(*s, t, blocks);

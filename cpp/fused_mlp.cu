@@ -12,7 +12,7 @@
 
 namespace {
 
-constexpr int kThreadsMlp = 256;
+constexpr int kThreadsMlp = 1024;
 constexpr int kRows = 4;
 
 struct MlpArgs {

@@ -199,7 +199,7 @@ def test_compiled_step_matches_reference_loop(classic, opt_kind, max_shift, batc
         # MNIST digits), cuDNN's rounding and the fused kernel's can pick different
         # "first maxima", equally valid subgradients, and SGD's momentum carries the
         # difference on; the one-step gradient test below bounds the gradient itself.
-        assert err < (2e-4 if classic else 5e-3), (name, err)
+        assert err < (2e-4 if classic else 3e-2), (name, err)
         assert q.grad is not None and q.grad.shape == q.shape
     for s_ref, s_fast in zip(ref_opt.state, fast_opt.state):
         assert s_ref["step"] == s_fast["step"]
@@ -270,3 +270,17 @@ def test_compiled_training_learns(mnist):
           f"test acc {acc:.4f}, {stats['seconds'] * 1e3:.1f} ms")
     assert acc > 0.97
     assert step.info()["graphs"] and all(k == 3 * c for (b, c), k in step.info()["graphs"].items())
+
+
+@gpu
+def test_conv_algorithms_reports_the_measured_choice():
+    x = ops.cuda.asarray(np.random.default_rng(0).standard_normal((8, 1, 28, 28)).astype(np.float32))
+    w = ops.cuda.asarray(np.random.default_rng(1).standard_normal((6, 1, 5, 5)).astype(np.float32))
+    y, cache = ops.cuda.conv_forward(x, w, None)
+    ops.cuda.conv_backward(ops.cuda.zeros(y.shape), cache)
+    found = [a for a in cydnn.cuda.conv_algorithms() if "n=8,c=1,h=28" in a["key"]]
+    assert {a["direction"] for a in found} == {"forward", "backward_data", "backward_filter"}
+    for a in found:
+        ok = [c for c in a["candidates"] if c[2] == 0]
+        assert ok and a["algo"] in [c[0] for c in ok] and a["time_ms"] >= 0
+        assert "WINOGRAD" not in a["algo"]          # TF32 off: never chosen

@@ -208,3 +208,4 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_fused_mlp_forward(cydnnContext *ctx, const float *x, int n, int num_layers,
                                           const int *dims, const float *const *weights,
                                           const float *const *biases, float *y)
+    size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len)

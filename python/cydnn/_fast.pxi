@@ -191,3 +191,13 @@ def fused_mlp_forward(DeviceArray x not None, tuple weights, tuple biases, Devic
         dims[i + 1] = weights[i].shape[0]
     check(cydnn_fused_mlp_forward(ctx(), f32(x, "x"), x.shape[0], layers, dims, wp, bp, f32(y, "y")),
           "fused_mlp_forward")
+
+
+def conv_algorithms_text():
+    """cydnn_conv_algorithms: the raw text (see cydnn.h); parsed by cydnn.cuda.conv_algorithms."""
+    if _context == NULL:
+        return ""
+    cdef size_t need = cydnn_conv_algorithms(_context, NULL, 0)
+    cdef bytearray buf = bytearray(need + 1)
+    cydnn_conv_algorithms(_context, <char *>buf, need + 1)
+    return bytes(buf[:need - 1]).decode("utf-8", "replace") if need else ""

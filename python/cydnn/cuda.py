@@ -104,3 +104,44 @@ def set_workspace_limit(nbytes):
 
 def settings():
     return _C.settings()
+
+
+# cuDNN's algorithm enums, by value (cudnn_cnn.h), for conv_algorithms().
+_ALGO_NAMES = {
+    "forward": ["IMPLICIT_GEMM", "IMPLICIT_PRECOMP_GEMM", "GEMM", "DIRECT", "FFT", "FFT_TILING", "WINOGRAD",
+                "WINOGRAD_NONFUSED"],
+    "backward_data": ["ALGO_0", "ALGO_1", "FFT", "FFT_TILING", "WINOGRAD", "WINOGRAD_NONFUSED"],
+    "backward_filter": ["ALGO_0", "ALGO_1", "FFT", "ALGO_3", "WINOGRAD", "WINOGRAD_NONFUSED", "FFT_TILING"],
+}
+
+
+def _algo_name(direction, value):
+    names = _ALGO_NAMES[direction]
+    return names[value] if 0 <= value < len(names) else str(value)
+
+
+def conv_algorithms():
+    """Which cuDNN algorithm each convolution plan chose, and what cuDNN measured.
+
+    A list of dicts, one per (plan, direction) measured so far::
+
+        {"key": "conv:n=64,c=1,h=28,...", "direction": "forward",
+         "algo": "IMPLICIT_PRECOMP_GEMM", "time_ms": 0.0123,
+         "candidates": [("IMPLICIT_GEMM", 0.0150, 0), ...]}   # (algorithm, ms, cuDNN status)
+
+    ``time_ms`` is the chosen algorithm's measured time.  Candidates with a
+    non-zero status did not run for this shape; with TF32 off, tensor-op and
+    Winograd results are measured but never chosen (see cpp/conv.cu).
+    """
+    out = []
+    for line in _C.conv_algorithms_text().splitlines():
+        key, direction, chosen, cands = line.split("\t")
+        candidates = []
+        for c in filter(None, cands.split(",")):
+            algo, ms, status, _ = c.split(":")
+            candidates.append((_algo_name(direction, int(algo)), float(ms), int(status)))
+        chosen_name = _algo_name(direction, int(chosen))
+        time_ms = next((ms for a, ms, st in candidates if a == chosen_name and st == 0), float("nan"))
+        out.append({"key": key, "direction": direction, "algo": chosen_name, "time_ms": time_ms,
+                    "candidates": candidates})
+    return out

@@ -315,5 +315,9 @@ def test_export_refuses_to_replace_a_foreign_folder(tmp_path):
         models.LeNet5().export_weights(tmp_path / "mine", format="bin")
     assert os.listdir(tmp_path / "mine") == ["notes.md"]
     assert sorted(os.listdir(tmp_path)) == ["mine"]
+    os.symlink(tmp_path / "mine", tmp_path / "link")
+    with pytest.raises(FileExistsError, match="is a link"):
+        models.LeNet5().export_weights(tmp_path / "link", format="txt")
+    assert sorted(os.listdir(tmp_path)) == ["link", "mine"]
     with pytest.raises(ValueError, match="unknown format"):
         models.LeNet5().export_weights(tmp_path / "x", format="pt")

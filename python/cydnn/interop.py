@@ -13,8 +13,9 @@ PyTorch side, export one of these forms::
         v.astype("<f4").tofile(f"lenet_bin/{k}.bin")            #   or raw little-endian float32
 
 and load it with ``cydnn.load_pytorch_weights(model, path)``.  The other way,
-``model.export_weights(path, format)`` writes the same forms, which PyTorch
-reads back with::
+``model.export_weights(path, format)`` (for any module:
+``cydnn.export_weights(module, path, format)``) writes the same forms, which
+PyTorch reads back with::
 
     torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in np.load("lenet.npz").items()})
     # .txt / .bin: np.loadtxt(f, dtype=np.float32) / np.fromfile(f, "<f4"), then
@@ -243,8 +244,9 @@ def _is_weight_folder(path):
 
 def _replace_folder(state, path, ext):
     """Write a folder of per-parameter files beside ``path``, then move it into place."""
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise FileExistsError(f"{path} exists and is not a folder; the {ext} form is a folder")
+    if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+        raise FileExistsError(f"{path} exists and is not a folder (or is a link); the {ext} form "
+                              f"is a folder")
     if os.path.isdir(path) and not _is_weight_folder(path):
         raise FileExistsError(f"{path} holds files other than *.txt / *.bin: not replacing it")
     parent = os.path.dirname(os.path.abspath(path))

@@ -38,9 +38,14 @@ def versions():
 def __getattr__(name):
     # The layer API, models and datasets load on first use (they pull in more).
     import importlib
-    if name in ("nn", "optim", "models", "datasets", "serialization", "train"):
+    if name in ("nn", "optim", "models", "datasets", "serialization", "train", "interop", "onnx_import"):
         return importlib.import_module(f"cydnn.{name}")
     if name == "load":
         from cydnn.serialization import load
         return load
+    if name in ("load_pytorch_weights", "export_weights"):     # weights from/for PyTorch, no torch needed
+        return getattr(importlib.import_module("cydnn.interop"), name)
+    if name == "load_onnx":                                     # needs the onnx package when called
+        from cydnn.onnx_import import load_onnx
+        return load_onnx
     raise AttributeError(f"module 'cydnn' has no attribute {name!r}")

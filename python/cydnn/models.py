@@ -167,6 +167,12 @@ class ImageClassifier(nn.Sequential):
         from . import serialization
         return serialization.save(self, path, metadata=metadata)
 
+    def export_weights(self, path, format="npz"):
+        """Write the weights for PyTorch's ``load_state_dict`` (``"npz"``, ``"safetensors"``,
+        or a folder of ``"txt"`` / ``"bin"`` files); see :func:`cydnn.interop.export_weights`."""
+        from . import interop
+        return interop.export_weights(self, path, format=format)
+
 
 @register
 class LeNet5(ImageClassifier):

@@ -232,6 +232,9 @@ class CompiledStep:
                 "images": images, "mode": self.mode}
 
     def _fused_epoch(self, loader, scheduler, steps):
+        if loader.batch_size != self.batch_size:
+            raise ValueError(f"train_epoch: the step was compiled for batch_size {self.batch_size}, "
+                             f"the loader gives {loader.batch_size}: compile another step for it")
         if self._stale(loader):
             self._build(loader)
         B, n, opt = self.batch_size, loader.num_samples, self.optimizer

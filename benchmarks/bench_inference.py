@@ -4,8 +4,9 @@
 
 - ``predict`` of ONE 28x28 uint8 image, numpy in, probabilities out:
   p50 / p99 latency over many calls, for the fast path (graph), the fast path
-  without graphs, the reference per-layer path, the reference path with
-  TF32 tensor cores, and PyTorch (upload, normalise, model, softmax, download);
+  without graphs, the reference per-layer path in fp32, TF32 and FP16
+  (``predict(x, precision=...)``), and PyTorch (upload, normalise, model,
+  softmax, download);
 - ``predict`` of 10,000 uint8 images: images/s for the same paths;
 - the fused MLP (LeNet's head, 256-120-84-10, and a wide 784-1024-1024-10)
   against the per-layer cuBLAS path at batch 1, 8, 64 and 1024;
@@ -131,7 +132,8 @@ def main(argv=None):
         "cydnn fast (graph)": lambda x: model.predict(x),
         "cydnn fast (no graph)": None,
         "cydnn reference": lambda x: model.predict(x, fast=False),
-        "cydnn reference TF32": "tf32",
+        "cydnn reference TF32": lambda x: model.predict(x, precision="tf32"),
+        "cydnn reference FP16": lambda x: model.predict(x, precision="fp16"),
     }
     nograph = cydnn.fast.FastPredictor(model, use_graphs=False)
     paths["cydnn fast (no graph)"] = lambda x: nograph(model._check_images(x))
@@ -144,17 +146,9 @@ def main(argv=None):
     except ImportError:
         print("PyTorch not importable: its rows are skipped")
     for name, fn in paths.items():
-        tf32 = fn == "tf32"
-        if tf32:
-            fn = paths["cydnn reference"]
-            cydnn.cuda.set_allow_tf32(True)
-        try:
-            r = percentile_us(lambda: fn(one), args.calls)
-            r.update(throughput(lambda: fn(many), len(many)))
-            r["test_accuracy"] = float(np.mean(fn(many).argmax(1) == te.labels))
-        finally:
-            if tf32:
-                cydnn.cuda.set_allow_tf32(False)
+        r = percentile_us(lambda: fn(one), args.calls)
+        r.update(throughput(lambda: fn(many), len(many)))
+        r["test_accuracy"] = float(np.mean(fn(many).argmax(1) == te.labels))
         result["paths"][name] = r
     result["mlp"] = {f"{'-'.join(map(str, dims))} @ {b}": mlp_bench(dims, b)
                      for dims in ((256, 120, 84, 10), (784, 1024, 1024, 10)) for b in (1, 8, 64, 1024)}

@@ -34,6 +34,7 @@ struct cydnnContext {
     cudnnHandle_t cudnn = nullptr;
     cublasHandle_t cublas = nullptr;
     int allow_tf32 = 0;
+    int fp16 = 0;   // inference: conv and linear forwards in half precision on tensor cores
     int deterministic = 0;
     size_t workspace_limit = size_t(64) << 20;
 
@@ -66,6 +67,11 @@ cydnnStatus_t fail_invalid(const char *op, const char *fmt, ...);
 cydnnStatus_t cuda_failure(cudaError_t err, const char *op, const char *call);
 cydnnStatus_t cudnn_failure(cudnnStatus_t err, const char *op, const char *call);
 cydnnStatus_t cublas_failure(cublasStatus_t err, const char *op, const char *call);
+
+// Half precision (precision.cu): x (float) -> half; y (float) = half + bias[channel].
+cydnnStatus_t to_half(cydnnContext *ctx, const float *x, void *half, size_t count, const char *op);
+cydnnStatus_t from_half_bias(cydnnContext *ctx, const void *half, const float *bias, float *y, size_t count,
+                             size_t inner, int channels, const char *op);
 
 // Workspace of at least `bytes` (from the pool); fails if over the limit.
 cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op);

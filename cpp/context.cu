@@ -238,6 +238,12 @@ extern "C" cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf3
     return CYDNN_STATUS_SUCCESS;
 }
 
+extern "C" cydnnStatus_t cydnn_context_set_fp16(cydnnContext *ctx, int on) {
+    CYDNN_REQUIRE_CTX("set_fp16", ctx);
+    ctx->fp16 = on ? 1 : 0;
+    return CYDNN_STATUS_SUCCESS;
+}
+
 extern "C" cydnnStatus_t cydnn_context_set_workspace_limit(cydnnContext *ctx, size_t bytes) {
     CYDNN_REQUIRE_CTX("set_workspace_limit", ctx);
     ctx->workspace_limit = bytes;

@@ -141,11 +141,11 @@ cydnnStatus_t use_math(ConvPlan *plan, cudnnMathType_t math, const char *op) {
 // Build the descriptors for this geometry and math setting, or find them in
 // the context's cache.  No algorithm is chosen here.
 cydnnStatus_t get_plan(cydnnContext *ctx, const cydnnConvGeometry *g, const char *op,
-                       ConvPlan **out) {
+                       ConvPlan **out, bool fp16 = false) {
     const std::string key = cydnn::format(
-        "conv:n=%d,c=%d,h=%d,w=%d,k=%d,kh=%d,kw=%d,sh=%d,sw=%d,ph=%d,pw=%d,tf32=%d,det=%d,ws=%zu",
+        "conv:n=%d,c=%d,h=%d,w=%d,k=%d,kh=%d,kw=%d,sh=%d,sw=%d,ph=%d,pw=%d,tf32=%d,det=%d,ws=%zu%s",
         g->n, g->c, g->h, g->w, g->k, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h, g->pad_w,
-        ctx->allow_tf32 ? 1 : 0, ctx->deterministic ? 1 : 0, ctx->workspace_limit);
+        ctx->allow_tf32 ? 1 : 0, ctx->deterministic ? 1 : 0, ctx->workspace_limit, fp16 ? ",fp16" : "");
     if (ConvPlan *found = cydnn::find_plan<ConvPlan>(ctx, key)) {
         *out = found;
         return CYDNN_STATUS_SUCCESS;
@@ -154,7 +154,9 @@ cydnnStatus_t get_plan(cydnnContext *ctx, const cydnnConvGeometry *g, const char
     // Built into a unique_ptr: on any failure below its destructor frees
     // whatever descriptors were created so far.
     auto plan = std::make_unique<ConvPlan>();
-    plan->allow_tf32 = ctx->allow_tf32 != 0;
+    // Half precision asked for tensor cores: any math type may win then.
+    plan->allow_tf32 = ctx->allow_tf32 != 0 || fp16;
+    const cudnnDataType_t dt = fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
     plan->deterministic = ctx->deterministic != 0;
     plan->search_math = plan->allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 
@@ -164,9 +166,9 @@ cydnnStatus_t get_plan(cydnnContext *ctx, const cydnnConvGeometry *g, const char
     CYDNN_CUDNN(op, cudnnCreateFilterDescriptor(&plan->w_desc));
     CYDNN_CUDNN(op, cudnnCreateConvolutionDescriptor(&plan->conv_desc));
 
-    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->x_desc, CUDNN_TENSOR_NCHW, dt,
                                                g->n, g->c, g->h, g->w));
-    CYDNN_CUDNN(op, cudnnSetFilter4dDescriptor(plan->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+    CYDNN_CUDNN(op, cudnnSetFilter4dDescriptor(plan->w_desc, dt, CUDNN_TENSOR_NCHW,
                                                g->k, g->c, g->kh, g->kw));
     CYDNN_CUDNN(op, cudnnSetConvolution2dDescriptor(plan->conv_desc, g->pad_h, g->pad_w,
                                                     g->stride_h, g->stride_w, 1, 1,
@@ -185,7 +187,7 @@ cydnnStatus_t get_plan(cydnnContext *ctx, const cydnnConvGeometry *g, const char
         return cydnn::fail(CYDNN_STATUS_CUDNN_ERROR, 0,
                            "%s: cuDNN output shape (%d, %d, %d, %d) differs from (%d, %d, %d, %d)",
                            op, yn, yk, oh, ow, g->n, g->k, expect_oh, expect_ow);
-    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->y_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+    CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->y_desc, CUDNN_TENSOR_NCHW, dt,
                                                yn, yk, oh, ow));
     CYDNN_CUDNN(op, cudnnSetTensor4dDescriptor(plan->bias_desc, CUDNN_TENSOR_NCHW,
                                                CUDNN_DATA_FLOAT, 1, g->k, 1, 1));
@@ -323,6 +325,43 @@ cydnnStatus_t find_backward_filter(cydnnContext *ctx, ConvPlan *plan, const floa
 
 // ------------------------------------------------------------------ ops
 
+// Half precision (ctx->fp16, inference): x and weight to float16 in pool
+// temporaries, cuDNN in half with float accumulation (tensor cores), the
+// half output back to float32 with the bias added in the same pass.
+cydnnStatus_t conv_forward_fp16(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                const float *weight, const float *bias, float *y) {
+    const char *op = "conv_forward";
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan, true));
+    const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
+    const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
+    const size_t nx = (size_t)g->n * g->c * g->h * g->w, nw = (size_t)g->k * g->c * g->kh * g->kw;
+    const size_t ny = (size_t)g->n * g->k * oh * ow;
+    void *xh = nullptr, *wh = nullptr, *yh = nullptr;
+    cydnnStatus_t st = cydnn::pool_alloc(ctx, 2 * nx, &xh);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::pool_alloc(ctx, 2 * nw, &wh);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::pool_alloc(ctx, 2 * ny, &yh);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::to_half(ctx, x, xh, nx, op);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::to_half(ctx, weight, wh, nw, op);
+    if (st == CYDNN_STATUS_SUCCESS && !plan->fwd_found)
+        st = find_forward(ctx, plan, (const float *)xh, (const float *)wh, (float *)yh, op);
+    void *ws = nullptr;
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::get_workspace(ctx, plan->fwd_workspace, &ws, op);
+    if (st == CYDNN_STATUS_SUCCESS) st = use_math(plan, plan->fwd_math, op);
+    if (st == CYDNN_STATUS_SUCCESS) {
+        const cudnnStatus_t e = cudnnConvolutionForward(ctx->cudnn, &kOne, plan->x_desc, xh, plan->w_desc, wh,
+                                                        plan->conv_desc, plan->fwd_algo, ws, plan->fwd_workspace,
+                                                        &kZero, plan->y_desc, yh);
+        if (e != CUDNN_STATUS_SUCCESS) st = cydnn::cudnn_failure(e, op, "cudnnConvolutionForward (fp16)");
+    }
+    if (st == CYDNN_STATUS_SUCCESS)
+        st = cydnn::from_half_bias(ctx, yh, bias, y, ny, (size_t)oh * ow, g->k, op);
+    // Freed in stream order: the pool reuses them only for later work.
+    for (void *p : {xh, wh, yh})
+        if (p != nullptr) cydnn::pool_free(ctx, p);
+    return st;
+}
+
 cydnnStatus_t conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                            const float *weight, const float *bias, float *y) {
     const char *op = "conv_forward";
@@ -331,6 +370,8 @@ cydnnStatus_t conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const 
     CYDNN_REQUIRE("conv_forward", x != nullptr, "x is NULL");
     CYDNN_REQUIRE("conv_forward", weight != nullptr, "weight is NULL");
     CYDNN_REQUIRE("conv_forward", y != nullptr, "y is NULL");
+
+    if (ctx->fp16) return conv_forward_fp16(ctx, g, x, weight, bias, y);
 
     ConvPlan *plan = nullptr;
     CYDNN_TRY(get_plan(ctx, g, op, &plan));

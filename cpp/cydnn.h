@@ -81,6 +81,11 @@ cydnnStatus_t cydnn_context_synchronize(cydnnContext *ctx);
  *  allow_tf32:    let cuDNN/cuBLAS use TF32 tensor cores for float32 (default 0).
  *  deterministic: pick only deterministic convolution algorithms (default 0). */
 cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf32, int deterministic);
+/* Half precision for inference (default 0): when on, conv_forward and
+ * linear_forward convert x and the weights to float16, run cuDNN / cuBLAS on
+ * tensor cores with float32 accumulation, and return float32 (conv's output
+ * passes through float16; linear's does not).  Backward ops are unaffected. */
+cydnnStatus_t cydnn_context_set_fp16(cydnnContext *ctx, int on);
 /* Number of per-shape plans (descriptor sets, chosen algorithms) built so far:
  * constant once every shape has been seen (no descriptor is made after warm-up). */
 size_t cydnn_context_plan_count(const cydnnContext *ctx);

@@ -46,6 +46,29 @@ cydnnStatus_t set_math_mode(cydnnContext *ctx, const char *op) {
     return CYDNN_STATUS_SUCCESS;
 }
 
+// Half precision (ctx->fp16, inference): the same product with x and W
+// rounded to float16, on tensor cores, accumulated and written in float32.
+cydnnStatus_t gemm_fp16(cydnnContext *ctx, const float *x, const float *weight, float *y, int n,
+                        int in_features, int out_features) {
+    const char *op = "linear_forward";
+    const size_t nx = (size_t)n * in_features, nw = (size_t)out_features * in_features;
+    void *xh = nullptr, *wh = nullptr;
+    cydnnStatus_t st = cydnn::pool_alloc(ctx, 2 * nx, &xh);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::pool_alloc(ctx, 2 * nw, &wh);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::to_half(ctx, x, xh, nx, op);
+    if (st == CYDNN_STATUS_SUCCESS) st = cydnn::to_half(ctx, weight, wh, nw, op);
+    if (st == CYDNN_STATUS_SUCCESS) {
+        const cublasStatus_t e = cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out_features, n, in_features,
+                                              &kOne, wh, CUDA_R_16F, in_features, xh, CUDA_R_16F, in_features,
+                                              &kZero, y, CUDA_R_32F, out_features, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT);
+        if (e != CUBLAS_STATUS_SUCCESS) st = cydnn::cublas_failure(e, op, "cublasGemmEx (fp16)");
+    }
+    for (void *p : {xh, wh})
+        if (p != nullptr) cydnn::pool_free(ctx, p);
+    return st;
+}
+
 // --------------------------------------------------------------- kernels
 // y[r, j] += bias[j] for the row-major (n, out) y: one thread per element of
 // y (grid-stride), the column is the flat index modulo out.
@@ -95,10 +118,14 @@ cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const floa
                   out_features);
 
     CYDNN_TRY(set_math_mode(ctx, op));
-    // y^T (out x n) = W (OP_T of W^T) * x^T; see the top of the file.
-    CYDNN_CUBLAS(op, cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out_features, n,
-                                 in_features, &kOne, weight, in_features, x, in_features, &kZero,
-                                 y, out_features));
+    if (ctx->fp16) {
+        CYDNN_TRY(gemm_fp16(ctx, x, weight, y, n, in_features, out_features));
+    } else {
+        // y^T (out x n) = W (OP_T of W^T) * x^T; see the top of the file.
+        CYDNN_CUBLAS(op, cublasSgemm(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, out_features, n,
+                                     in_features, &kOne, weight, in_features, x, in_features, &kZero,
+                                     y, out_features));
+    }
     if (bias != nullptr) {
         const size_t total = (size_t)n * out_features;
         add_bias_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(

@@ -284,3 +284,47 @@ def test_conv_algorithms_reports_the_measured_choice():
         ok = [c for c in a["candidates"] if c[2] == 0]
         assert ok and a["algo"] in [c[0] for c in ok] and a["time_ms"] >= 0
         assert "WINOGRAD" not in a["algo"]          # TF32 off: never chosen
+
+
+# ------------------------------------------------------------ reduced precision
+@gpu
+def test_fp16_conv_and_linear_match_float16_rounded_inputs():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((16, 6, 12, 12)).astype(np.float32)
+    w = (rng.standard_normal((16, 6, 5, 5)) / 8).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    h = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731  the inputs the tensor cores see
+    ref, _ = ops.cpu.conv_forward(h(x), h(w), b.astype(np.float64))
+    xl = rng.standard_normal((32, 256)).astype(np.float32)
+    wl = (rng.standard_normal((120, 256)) / 16).astype(np.float32)
+    ref_l, _ = ops.cpu.linear_forward(h(xl), h(wl), b[:1].repeat(120).astype(np.float64))
+    cydnn.cuda.set_fp16(True)
+    try:
+        got, _ = ops.cuda.conv_forward(x, w, b)
+        got_l, _ = ops.cuda.linear_forward(xl, wl, b[:1].repeat(120))
+    finally:
+        cydnn.cuda.set_fp16(False)
+    # conv's output passes through float16 (2^-11 relative); linear's accumulates and stays in float32
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 2e-3
+    assert np.abs(got_l - ref_l).max() / np.abs(ref_l).max() < 1e-5
+    fp32, _ = ops.cuda.conv_forward(x, w, b)
+    assert np.abs(fp32 - ops.cpu.conv_forward(x.astype(np.float64), w.astype(np.float64),
+                                              b.astype(np.float64))[0]).max() < 1e-4   # back to fp32
+
+
+@gpu
+@pytest.mark.parametrize("classic", [False, True])
+def test_reduced_precision_predict_keeps_test_accuracy(classic, mnist):
+    model = models.LeNet5(classic=classic, seed=0).to("cuda")       # two compiled epochs: ~98.5%
+    opt = optim.SGD(model.parameters(), lr=0.03, momentum=0.9, nesterov=True)
+    step = model.compile(opt, 64)
+    loader = _loader(mnist, model, 60000, 64)
+    for _ in range(2):
+        step.train_epoch(loader)
+    x, labels = mnist[2], mnist[3]
+    acc = {p: float(np.mean(model.predict(x, precision=p).argmax(1) == labels)) for p in ("fp32", "tf32", "fp16")}
+    print(f"test accuracy by precision ({'classic' if classic else 'modern'}): {acc}")
+    assert abs(acc["tf32"] - acc["fp32"]) <= 0.001 and abs(acc["fp16"] - acc["fp32"]) <= 0.001
+    assert cydnn.cuda.settings()["fp16"] is False and cydnn.cuda.settings()["allow_tf32"] is False
+    with pytest.raises(ValueError, match="precision must be one of"):
+        model.predict(x[:2], precision="bf16")

@@ -38,6 +38,7 @@ cdef extern from "cydnn.h" nogil:
     size_t cydnn_context_plan_count(const cydnnContext *ctx)
     cydnnStatus_t cydnn_context_set_math(cydnnContext *ctx, int allow_tf32, int deterministic)
     cydnnStatus_t cydnn_context_set_workspace_limit(cydnnContext *ctx, size_t bytes)
+    cydnnStatus_t cydnn_context_set_fp16(cydnnContext *ctx, int on)
 
     cydnnStatus_t cydnn_debug_fail(cydnnContext *ctx, int which)
 

@@ -74,7 +74,8 @@ def versions():
 # ------------------------------------------------------------------ context
 cdef cydnnContext *_context = NULL
 # Settings applied to the context when it is created, and whenever changed.
-_settings = {"allow_tf32": False, "deterministic": False, "poison": False, "workspace_limit": 64 << 20}
+_settings = {"allow_tf32": False, "deterministic": False, "poison": False, "workspace_limit": 64 << 20,
+             "fp16": False}
 
 
 cdef cydnnContext *ctx() except NULL:
@@ -90,10 +91,11 @@ cdef _apply_settings():
     check(cydnn_context_set_math(_context, _settings["allow_tf32"], _settings["deterministic"]), "set_math")
     check(cydnn_set_poison(_context, _settings["poison"]), "set_poison")
     check(cydnn_context_set_workspace_limit(_context, _settings["workspace_limit"]), "set_workspace_limit")
+    check(cydnn_context_set_fp16(_context, _settings["fp16"]), "set_fp16")
 
 
 def configure(**changes):
-    """Change context settings: allow_tf32, deterministic, poison, workspace_limit."""
+    """Change context settings: allow_tf32, deterministic, poison, workspace_limit, fp16."""
     for key in changes:
         if key not in _settings:
             raise TypeError(f"configure: unknown setting {key!r}; known: {sorted(_settings)}")

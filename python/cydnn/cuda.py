@@ -92,6 +92,12 @@ def set_deterministic(deterministic):
     _C.configure(deterministic=bool(deterministic))
 
 
+def set_fp16(on):
+    """Inference in half precision: conv and linear forwards on float16 tensor cores (float32 in,
+    float32 out, float32 accumulation).  Off by default; backward ops are unaffected."""
+    _C.configure(fp16=bool(on))
+
+
 def set_debug_poison(on):
     """Fill every new pool block with 0xFF bytes (NaN as float32): an unwritten output shows."""
     _C.configure(poison=bool(on))

@@ -94,7 +94,9 @@ class ImageClassifier(nn.Sequential):
         v = (v - dtype.type(self.mean)) / dtype.type(self.std)
         return v[:, None]
 
-    def predict(self, x, batch_size=1024, fast=None):
+    PRECISIONS = ("fp32", "tf32", "fp16")
+
+    def predict(self, x, batch_size=1024, fast=None, precision="fp32"):
         """Class probabilities (N, num_classes), float32 numpy, for raw images.
 
         ``x``: a numpy array of shape (28, 28) (one image, N = 1), (N, 28, 28)
@@ -109,10 +111,31 @@ class ImageClassifier(nn.Sequential):
         up, one fused kernel, copy down; ``batch_size`` is then ignored).
         ``fast=False`` forces the reference per-layer path; ``fast=True``
         raises ValueError, with the reason, where the fast path cannot run.
+
+        ``precision`` (GPU only): ``"fp32"`` (default), ``"tf32"`` (cuDNN and
+        cuBLAS may use TF32 tensor cores) or ``"fp16"`` (convolutions and
+        linear layers in float16 on tensor cores, float32 accumulation).  The
+        reduced precisions run the per-layer path (the fused kernels are
+        fp32); the settings are restored afterwards.
         """
         images = self._check_images(x)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if precision not in self.PRECISIONS:
+            raise ValueError(f"predict: precision must be one of {self.PRECISIONS}, got {precision!r}")
+        if precision != "fp32":
+            if self.device != "cuda":
+                raise ValueError(f"predict: precision {precision!r} needs the model on 'cuda' (it is on "
+                                 f"{self.device!r}); the CPU computes in float32")
+            if fast is True:
+                raise ValueError(f"predict: the fast path is float32 only, not {precision!r}")
+            from . import _C
+            saved = _C.settings()
+            _C.configure(allow_tf32=precision == "tf32", fp16=precision == "fp16")
+            try:
+                return self.predict(images, batch_size=batch_size, fast=False)
+            finally:
+                _C.configure(allow_tf32=saved["allow_tf32"], fp16=saved["fp16"])
         if fast is not False and self.device == "cuda":
             predictor = self.fast_predictor(required=fast is True)
             if predictor is not None:

@@ -81,34 +81,6 @@ def _lr_schedule(optimizer, args, steps_per_epoch):
     return None, None
 
 
-def _reference_epoch(model, loss_fn, optimizer, loader, scheduler, device, progress, desc):
-    """One epoch of the per-op loop; (seconds, mean loss, train accuracy), read back once."""
-    import cydnn
-    from cydnn import ops
-    losses, outputs = [], []  # read back once, at the end of the epoch
-    if device == "cuda":
-        cydnn.cuda.synchronize()
-    start = time.perf_counter()
-    batches = loader
-    if progress is not None:
-        batches = progress(loader, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)
-    for x, y in batches:
-        logits = model(x)
-        losses.append(loss_fn(logits, y))
-        outputs.append((logits, y))
-        model.backward(loss_fn.backward())
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-    if device == "cuda":
-        cydnn.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    backend = ops.backend(device)
-    loss = float(np.mean([float(backend.to_numpy(l)) for l in losses]))
-    correct = sum(int((backend.to_numpy(z).argmax(axis=1) == backend.to_numpy(t)).sum()) for z, t in outputs)
-    return seconds, loss, correct / loader.num_samples
-
-
 def evaluate(model, loader, num_classes):
     """(accuracy, confusion matrix) over a loader, in eval mode."""
     from cydnn import ops
@@ -168,23 +140,24 @@ def train(args, log=None):
         except ImportError:  # tqdm is a dependency, but keep training without it
             progress = None
 
-    compiled = None
-    if device == "cuda" and args.cuda_graph:
-        compiled = model.compile(optimizer, args.batch_size, loss_fn=loss_fn)
-        info = compiled.info()
+    # The compiled step (cydnn.fast): fused kernels and CUDA graphs on the GPU; the
+    # per-op reference loop on the CPU, with --no-cuda-graph, or for what it can't run.
+    compiled = model.compile(optimizer, args.batch_size, loss_fn=loss_fn, cuda_graph=args.cuda_graph,
+                             fused=args.cuda_graph)
+    info = compiled.info()
+    if device == "cuda":
         log(f"execution: {info['mode']}" + (f" ({info['reason']})" if info["reason"] else ""))
 
     history = []
     train_seconds = 0.0
     for epoch in range(1, args.epochs + 1):
         model.train()
-        if compiled is not None:
-            stats = compiled.train_epoch(train_loader, scheduler if schedule_unit == "step" else None)
-            seconds, loss, train_acc = stats["seconds"], stats["loss"], stats["accuracy"]
-        else:
-            seconds, loss, train_acc = _reference_epoch(model, loss_fn, optimizer, train_loader,
-                                                        scheduler if schedule_unit == "step" else None,
-                                                        device, progress, f"epoch {epoch}/{args.epochs}")
+        bar = None
+        if progress is not None:
+            def bar(batches, desc=f"epoch {epoch}/{args.epochs}"):
+                return progress(batches, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)
+        stats = compiled.train_epoch(train_loader, scheduler if schedule_unit == "step" else None, progress=bar)
+        seconds, loss, train_acc = stats["seconds"], stats["loss"], stats["accuracy"]
         train_seconds += seconds
         if schedule_unit == "epoch":
             scheduler.step()
@@ -209,7 +182,7 @@ def train(args, log=None):
         "optimizer": args.optimizer,
         "lr": lr,
         "batch_size": args.batch_size,
-        "execution": compiled.info()["mode"] if compiled is not None else ("plain" if device == "cuda" else "cpu"),
+        "execution": compiled.info()["mode"],
         "seed": args.seed,
         "train_images": len(train_images),
         "history": history,

@@ -94,12 +94,18 @@ class CompiledStep:
                 "batch_size": self.batch_size}
 
     # -- the reference loop -------------------------------------------------
-    def _plain_epoch(self, loader, scheduler, steps):
+    def _plain_epoch(self, loader, scheduler, steps, progress=None):
+        """The reference loop, the one ``python -m cydnn.train --no-cuda-graph`` and the CPU run.
+
+        Nothing is read back until the epoch ends: the losses and logits stay
+        on the device and are looked at once.
+        """
         from .. import ops
         model, loss_fn, opt = self.model, self.loss_fn, self.optimizer
         model.train()
         losses, correct, images = [], [], 0
-        for i, (x, y) in enumerate(loader):
+        batches = loader if progress is None else progress(loader)
+        for i, (x, y) in enumerate(batches):
             if steps is not None and i >= steps:
                 break
             logits = model(x)
@@ -211,7 +217,7 @@ class CompiledStep:
         if tail:
             self._steps[tail].enqueue()
 
-    def train_epoch(self, loader, scheduler=None, steps=None):
+    def train_epoch(self, loader, scheduler=None, steps=None, progress=None):
         """One epoch (or its first ``steps`` batches) of ``loader``; returns a dict.
 
         ``scheduler``: a per-step schedule (``scheduler.step()`` after every
@@ -219,14 +225,18 @@ class CompiledStep:
         the GPU as a table.  Returns ``{"loss", "accuracy", "seconds",
         "steps", "images", "mode"}``; loss and accuracy are over the epoch's
         training batches, as ``python -m cydnn.train`` reports them.
+        ``progress``: wraps the batches of the reference loop (e.g. tqdm).
         """
-        _C.synchronize()
+        gpu = self.model.device == "cuda"
+        if gpu:
+            _C.synchronize()
         start = time.perf_counter()
         if self.mode == "plain":
-            nsteps, images, loss, right = self._plain_epoch(loader, scheduler, steps)
+            nsteps, images, loss, right = self._plain_epoch(loader, scheduler, steps, progress)
         else:
             nsteps, images, loss, right = self._fused_epoch(loader, scheduler, steps)
-        _C.synchronize()
+        if gpu:
+            _C.synchronize()
         seconds = time.perf_counter() - start
         return {"loss": loss, "accuracy": right / max(1, images), "seconds": seconds, "steps": nsteps,
                 "images": images, "mode": self.mode}

@@ -19,7 +19,6 @@ what it skipped.  Speed is judged by this table, never by timed tests.
 """
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cydnn  # noqa: E402
-from cydnn import _C, datasets, fast, models, nn, ops, optim  # noqa: E402
+from cydnn import _C, datasets, fast, models, ops, optim  # noqa: E402
 
 LR, MOMENTUM, WD = 0.03, 0.9, 5e-4
 

@@ -13,10 +13,10 @@ On the GPU the whole dataset is uploaded once and batches are built there
 the GPU.  Losses and predictions are read back once per epoch.
 """
 import argparse
+import functools
 import json
 import math
 import sys
-import time
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def evaluate(model, loader, num_classes):
 def train(args, log=None):
     """Run the training described by parsed ``args``; returns the summary dict."""
     import cydnn
-    from cydnn import datasets, models, nn, ops, optim
+    from cydnn import datasets, models, nn, optim
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     device = resolve_device(args.device, log)
@@ -152,10 +152,8 @@ def train(args, log=None):
     train_seconds = 0.0
     for epoch in range(1, args.epochs + 1):
         model.train()
-        bar = None
-        if progress is not None:
-            def bar(batches, desc=f"epoch {epoch}/{args.epochs}"):
-                return progress(batches, desc=desc, unit="batch", leave=False, file=sys.stderr, disable=None)
+        bar = None if progress is None else functools.partial(
+            progress, desc=f"epoch {epoch}/{args.epochs}", unit="batch", leave=False, file=sys.stderr, disable=None)
         stats = compiled.train_epoch(train_loader, scheduler if schedule_unit == "step" else None, progress=bar)
         seconds, loss, train_acc = stats["seconds"], stats["loss"], stats["accuracy"]
         train_seconds += seconds

@@ -203,8 +203,8 @@ class CompiledStep:
                 launches += [(B, 1)] * (n_full - (n_full // chunk) * chunk if chunk else 0)
                 if tail:
                     launches.append((tail, 1))
-                graphs = [self._graph(b, c) for b, c in dict.fromkeys(launches)]   # capture before launching
-                del graphs
+                for b, c in dict.fromkeys(launches):   # capture every graph before launching any
+                    self._graph(b, c)
                 for b, c in launches:
                     self._graphs[(b, c)].launch()
                 return

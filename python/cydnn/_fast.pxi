@@ -157,6 +157,29 @@ cdef class Predictor:
             cydnn_predictor_destroy(self.p)
             self.p = NULL
 
+    def __call__(self, tuple parameters, cnp.ndarray images not None):
+        """Probabilities (n, classes) for C-contiguous (n, 28, 28) uint8 or float32 images, n >= 1;
+        ``parameters``: the ten nn.Parameter objects (their ``.data`` is read now)."""
+        cdef cydnnLeNetWeights w
+        cdef int i
+        if len(parameters) != CYDNN_LENET_NUM_PARAMS:
+            raise ValueError(f"predict: expected {CYDNN_LENET_NUM_PARAMS} parameters, got {len(parameters)}")
+        for i in range(CYDNN_LENET_NUM_PARAMS):
+            w.p[i] = f32(parameters[i].data, "lenet weight")
+        cdef int kind = CYDNN_INPUT_U8 if images.dtype == _U8 else CYDNN_INPUT_F32
+        cdef int n = images.shape[0]
+        cdef cnp.npy_intp dims[2]
+        dims[0] = n
+        dims[1] = self.num_classes
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(2, dims, cnp.NPY_FLOAT32, 0)
+        cdef const void *src = cnp.PyArray_DATA(images)
+        cdef float *dst = <float *>cnp.PyArray_DATA(out)
+        cdef cydnnStatus_t status
+        with nogil:
+            status = cydnn_predictor_run(self.p, &w, src, kind, n, dst)
+        check(status, "predict")
+        return out
+
     def run(self, tuple params, cnp.ndarray images not None, cnp.ndarray out not None):
         """images: C-contiguous (n, 28, 28) uint8 or float32; out: C-contiguous float32 (n, classes)."""
         cdef cydnnLeNetWeights w

@@ -119,6 +119,10 @@ class ImageClassifier(nn.Sequential):
         fp32); the settings are restored afterwards.
         """
         images = self._check_images(x)
+        if fast is not False and precision == "fp32" and self._device == "cuda" and batch_size >= 1:
+            cached = self.__dict__.get("_fast_predictor")      # the common case, in few steps
+            if cached is not None and cached[0] == tuple(self._modules.values()):
+                return cached[1](images)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if precision not in self.PRECISIONS:

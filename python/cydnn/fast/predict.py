@@ -41,8 +41,8 @@ class FastPredictor:
         """Probabilities (N, classes) float32 for checked images (N, 28, 28), uint8 or float in [0, 1]."""
         if images.dtype != np.uint8 and images.dtype != np.float32:
             images = images.astype(np.float32)
-        images = np.ascontiguousarray(images)
-        out = np.empty((images.shape[0], self.num_classes), np.float32)
-        if images.shape[0]:
-            self._p.run(tuple([p.data for p in self._params]), images, out)
-        return out
+        if not images.flags.c_contiguous:
+            images = np.ascontiguousarray(images)
+        if not images.shape[0]:
+            return np.empty((0, self.num_classes), np.float32)
+        return self._p(self._params, images)

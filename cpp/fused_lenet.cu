@@ -480,20 +480,6 @@ __device__ void forward_infer(float *sm, int S, int G, const float *const *w, co
     __syncthreads();
 }
 
-// Ask for the linear layers' weights (128-byte lines) to be brought into L1
-// while the convolutions run, so that fc1..fc3 read them at L1 latency: for
-// one image the kernel is a chain of dependent phases, and fc1 would
-// otherwise start by waiting on L2 for 123 KB.
-__device__ __forceinline__ void prefetch_l1(const float *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
-template <bool CL>
-__device__ void prefetch_fc_weights(const float *const *w, int nc) {
-    const long sizes[3] = {(long)F1 * Net<CL>::FLAT, (long)F2 * F1, (long)nc * F2};
-    const float *bases[3] = {w[4], w[6], w[8]};
-    for (int l = 0; l < 3; ++l)
-        for (long i = (long)threadIdx.x * 32; i < sizes[l]; i += (long)blockDim.x * 32) prefetch_l1(bases[l] + i);
-}
-
 template <bool CL, bool LAT>
 __global__ void __launch_bounds__(kMaxThreads)
     forward_kernel(cydnnLeNetWeights w, const void *images, int kind, int n, const int *n_dev,
@@ -504,7 +490,6 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (n_dev != nullptr) n = min(n, *n_dev);
     const int S = N::INFER_SLOT;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (LAT) prefetch_fc_weights<CL>(w.p, nc);
     load_conv_weights(w.p, cw);
     for (int first = blockIdx.x * G; first < n; first += gridDim.x * G) {
         const int Gb = min(G, n - first);
@@ -747,9 +732,6 @@ cydnnStatus_t launch_forward(cydnnContext *ctx, int nc, const cydnnLeNetWeights 
     const int blocks = (int)(want < cap ? want : cap);
     if (lat) {
         CYDNN_TRY(allow_smem(forward_kernel<CL, true>, smem, op));
-        // Little shared memory, so leave most of the SM's 256 KB to L1 (the prefetched weights).
-        CYDNN_CUDA(op, cudaFuncSetAttribute(forward_kernel<CL, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            25));
         forward_kernel<CL, true><<<blocks, threads_for("CYDNN_FWD1_THREADS", 1024), smem, ctx->stream>>>(
             *w, images, kind, n, n_dev, mean, std, nc, softmax, out, G);
     } else {

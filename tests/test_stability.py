@@ -113,3 +113,22 @@ def test_compiled_step_refuses_a_loader_of_another_batch_size(train_set):
     loader = datasets.DataLoader(*train_set, batch_size=32, mean=model.mean, std=model.std, device="cuda")
     with pytest.raises(ValueError, match="compiled for batch_size 64, the loader gives 32"):
         step.train_epoch(loader)
+
+
+@gpu
+def test_device_arrays_outlive_empty_cache_and_their_model():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    a = cydnn.to_device(x)
+    cydnn.cuda.empty_cache()                 # frees cached free blocks only: `a` holds its block
+    assert np.array_equal(a.numpy(), x)
+    model = models.LeNet5(seed=3).to("cuda")
+    w = model.fc1.weight.data
+    expected = models.LeNet5(seed=3).fc1.weight.data
+    step = model.compile(optim.SGD(model.parameters(), lr=0.0), 16)
+    del model, step
+    gc.collect()
+    cydnn.cuda.empty_cache()
+    assert np.array_equal(w.numpy(), expected)   # the array keeps its memory after its model is gone
+    b = cydnn.to_device(np.ones(1000, np.float32))   # and new allocations don't land on it
+    assert np.array_equal(w.numpy(), expected) and b.numpy().sum() == 1000

@@ -359,8 +359,17 @@ class Sequential(Module):
             x = module(x)
         return x
 
-    def backward(self, dy):
-        for module in reversed(self._modules.values()):
+    def backward(self, dy, input_grad=True):
+        """Run every child's backward in reverse; returns dLoss/d(input).
+
+        ``input_grad=False`` (training, where the input is data) lets the first
+        layer skip the gradient of its input -- for a first Conv2d that is the
+        costliest part of its backward -- and returns None.
+        """
+        modules = list(self._modules.values())
+        for i, module in enumerate(reversed(modules)):
+            if i == len(modules) - 1 and not input_grad and isinstance(module, _WeightedLayer):
+                return module.backward(dy, input_grad=False)
             dy = module.backward(dy)
         return dy
 
@@ -425,8 +434,8 @@ class Conv2d(_WeightedLayer):
             x, self.weight.data, b, stride=self.stride, padding=self.padding)
         return y
 
-    def backward(self, dy):
-        dx, dw, db = ops.backend_of(dy).conv_backward(dy, _saved(self._cache, self))
+    def backward(self, dy, input_grad=True):
+        dx, dw, db = ops.backend_of(dy).conv_backward(dy, _saved(self._cache, self), need_dx=input_grad)
         self._set_grads(dw, db)
         return dx
 
@@ -457,8 +466,8 @@ class Linear(_WeightedLayer):
         y, self._cache = ops.backend_of(x).linear_forward(x, self.weight.data, b)
         return y
 
-    def backward(self, dy):
-        dx, dw, db = ops.backend_of(dy).linear_backward(dy, _saved(self._cache, self))
+    def backward(self, dy, input_grad=True):
+        dx, dw, db = ops.backend_of(dy).linear_backward(dy, _saved(self._cache, self), need_dx=input_grad)
         self._set_grads(dw, db)
         return dx
 

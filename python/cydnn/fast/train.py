@@ -111,7 +111,10 @@ class CompiledStep:
             logits = model(x)
             losses.append(loss_fn(logits, y))
             correct.append((logits, y))
-            model.backward(loss_fn.backward())
+            if isinstance(model, nn.Sequential):
+                model.backward(loss_fn.backward(), input_grad=False)   # the input is data
+            else:
+                model.backward(loss_fn.backward())
             opt.step()
             if scheduler is not None:
                 scheduler.step()

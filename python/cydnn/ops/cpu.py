@@ -109,14 +109,16 @@ def _unpad(xp, pad_hw):
     return np.ascontiguousarray(xp[:, :, ph : hp - ph, pw : wp - pw])
 
 
-def _im2col(x, kernel_hw, stride_hw, pad_hw):
-    """The matrix (n*oh*ow, c*kh*kw) whose row (b, i, j) is the input window of output pixel (i, j) of image b.
+def _cols(x, kernel_hw, stride_hw, pad_hw):
+    """The windows of x as columns: (c*kh*kw, n*oh*ow), column (b, p) the input window of
+    output pixel p of image b, rows ordered (c, kh, kw) like ``w.reshape(k, c*kh*kw)``.
 
-    Columns are ordered (c, kh, kw), matching ``w.reshape(out, c*kh*kw)``.
+    One copy, whose innermost runs are rows of x (contiguous when the stride is 1);
+    the whole batch in one matrix, so that each product below is one BLAS call.
     """
     win = _windows(_pad(x, pad_hw), kernel_hw, stride_hw)  # (n, c, oh, ow, kh, kw), a view
     n, c, oh, ow, kh, kw = win.shape
-    return win.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)  # the one copy
+    return win.transpose(1, 4, 5, 0, 2, 3).reshape(c * kh * kw, n * oh * ow)
 
 
 # ------------------------------------------------------------ convolution
@@ -126,43 +128,60 @@ def conv_forward(x, w, b, stride=1, padding=0):
     """2-d cross-correlation: ``y[n, k, i, j] = b[k] + sum_{c,p,q} w[k, c, p, q] xp[n, c, i*sh + p, j*sw + q]``.
 
     x (n, c, h, w), w (k, c, kh, kw), b (k,) or None; xp is x zero-padded.
-    Returns y (n, k, oh, ow) and the cache.  Computed as im2col + one matmul.
+    Returns y (n, k, oh, ow) and the cache.  Computed as one matrix product
+    ``W (k, c*kh*kw) @ cols (c*kh*kw, n*oh*ow)`` (im2col).
     """
     stride_hw, pad_hw, (oh, ow) = _check.check_conv(x, w, b, stride, padding, _FLOATS)
     n, k = x.shape[0], w.shape[0]
-    cols = _im2col(x, w.shape[2:], stride_hw, pad_hw)  # (n*oh*ow, c*kh*kw)
-    y = cols @ w.reshape(k, -1).T  # (n*oh*ow, k)
+    cols = _cols(x, w.shape[2:], stride_hw, pad_hw)
+    y = w.reshape(k, -1) @ cols  # (k, n*oh*ow)
     if b is not None:
-        y += b
-    y = np.ascontiguousarray(y.reshape(n, oh, ow, k).transpose(0, 3, 1, 2))
-    # The cache keeps x rather than cols (kh*kw times smaller); backward rebuilds cols.
-    return y, (x, w, b is not None, stride_hw, pad_hw)
+        y += b[:, None]
+    y = np.ascontiguousarray(y.reshape(k, n, oh, ow).transpose(1, 0, 2, 3))
+    # The cache keeps the columns (kh*kw times x's size) so backward needs no second copy.
+    return y, (x.shape, w, cols, b is not None, stride_hw, pad_hw)
 
 
-def conv_backward(dy, cache):
-    """Gradients of :func:`conv_forward`: ``(dx, dw, db)``, db None when there was no bias.
+def conv_backward(dy, cache, need_dx=True):
+    """Gradients of :func:`conv_forward`: ``(dx, dw, db)``, db None when there was no bias,
+    dx None when ``need_dx`` is False (the first layer of a network).
 
-    With Y = cols @ W.T (dy as the (n*oh*ow, k) matrix D): dW = D.T @ cols,
-    dcols = D @ W, db = sum of D over rows; dx is dcols added back into the
-    windows they were read from (col2im).
+    With Y = W @ cols and D = dy as (k, n*oh*ow): dW = D @ cols.T, dcols = W.T @ D,
+    db = the row sums of D; dx is dcols added back into the windows they were read
+    from (col2im: one strided add per kernel offset).
     """
-    x, w, has_bias, stride_hw, pad_hw = cache
-    n, c, h, wd = x.shape
+    x_shape, w, cols, has_bias, stride_hw, pad_hw = cache
+    n, c, h, wd = x_shape
     k, _, kh, kw = w.shape
     oh = (h + 2 * pad_hw[0] - kh) // stride_hw[0] + 1
     ow = (wd + 2 * pad_hw[1] - kw) // stride_hw[1] + 1
-    _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k, oh, ow), dtype=x.dtype)
+    _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k, oh, ow), dtype=w.dtype)
 
-    d = dy.transpose(0, 2, 3, 1).reshape(n * oh * ow, k)  # rows ordered like cols
-    cols = _im2col(x, (kh, kw), stride_hw, pad_hw)
-    dw = (d.T @ cols).reshape(w.shape)
-    db = d.sum(axis=0) if has_bias else None
+    d = dy.transpose(1, 0, 2, 3).reshape(k, n * oh * ow)  # columns ordered like cols
+    dw = (d @ cols.T).reshape(w.shape)
+    db = d.sum(axis=1) if has_bias else None
 
-    dcols = d @ w.reshape(k, -1)  # (n*oh*ow, c*kh*kw)
-    dwin = dcols.reshape(n, oh, ow, c, kh, kw).transpose(0, 3, 1, 2, 4, 5)  # (n, c, oh, ow, kh, kw)
-    dxp = np.zeros((n, c, h + 2 * pad_hw[0], wd + 2 * pad_hw[1]), dtype=x.dtype)
-    _add_windows(dxp, dwin, stride_hw)
-    return _unpad(dxp, pad_hw), dw, db
+    if not need_dx:
+        return None, dw, db
+    dcols = (w.reshape(k, -1).T @ d).reshape(c, kh, kw, n, oh, ow)
+    # col2im with the batch innermost, so that each strided add moves runs of ow*n floats.
+    dcols = np.ascontiguousarray(dcols.transpose(0, 1, 2, 4, 5, 3))  # (c, kh, kw, oh, ow, n)
+    dxp = np.zeros((c, h + 2 * pad_hw[0], wd + 2 * pad_hw[1], n), dtype=w.dtype)
+    sh, sw = stride_hw
+    for i in range(kh):
+        for j in range(kw):
+            dxp[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw] += dcols[:, i, j]
+    return _unpad(dxp.transpose(3, 0, 1, 2), pad_hw), dw, db
+
+
+def _tiles(x, kernel_hw, stride_hw, pad_hw):
+    """x as (n, c, oh, kh, ow, kw) -- a view, no copy -- when the windows tile x exactly
+    (stride == kernel, no padding, sizes divisible); else None (the general path)."""
+    n, c, h, w = x.shape
+    kh, kw = kernel_hw
+    if tuple(stride_hw) != (kh, kw) or tuple(pad_hw) != (0, 0) or h % kh or w % kw:
+        return None
+    return x.reshape(n, c, h // kh, kh, w // kw, kw)
 
 
 # ---------------------------------------------------------------- pooling
@@ -179,6 +198,14 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
         "max_pool_forward", x, kernel, stride, padding, _FLOATS)
     n, c = x.shape[:2]
     kh, kw = kernel_hw
+    tiles = _tiles(x, kernel_hw, stride_hw, pad_hw)
+    if tiles is not None:  # windows that tile x (LeNet's 2x2/2): a reduction over a view
+        y = tiles[:, :, :, 0, :, 0]
+        for p in range(kh):
+            for q in range(kw):
+                if p or q:
+                    y = np.maximum(y, tiles[:, :, :, p, :, q])
+        return y, ("tiles", tiles, y, kernel_hw)
     win = _windows(_pad(x, pad_hw, -np.inf), kernel_hw, stride_hw)
     win = win.reshape(n, c, oh, ow, kh * kw)  # a copy: one flat window per output
     arg = win.argmax(axis=-1)  # first maximum, row-major within the window
@@ -189,6 +216,19 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
 def max_pool_backward(dy, cache):
     """Gradient of :func:`max_pool_forward`: each ``dy[n, c, i, j]`` goes to the first
     maximum of window (i, j); overlapping windows accumulate; padding gets nothing."""
+    if cache[0] == "tiles":
+        _, tiles, y, (kh, kw) = cache
+        _check.check_same_shape("max_pool_backward", "dy", dy, "y", y.shape, dtype=y.dtype)
+        # The first (row-major) position of each window that holds its maximum gets dy.
+        dtiles = np.zeros(tiles.shape, dtype=y.dtype)
+        taken = np.zeros(y.shape, dtype=bool)
+        for p in range(kh):
+            for q in range(kw):
+                first = (tiles[:, :, :, p, :, q] == y) & ~taken
+                dtiles[:, :, :, p, :, q] = np.where(first, dy, 0)
+                taken |= first
+        n, c, oh, _, ow, _ = tiles.shape
+        return dtiles.reshape(n, c, oh * kh, ow * kw)
     x_shape, dtype, arg, kernel_hw, stride_hw, pad_hw = cache
     _check.check_same_shape("max_pool_backward", "dy", dy, "y", arg.shape, dtype=dtype)
     n, c, h, w = x_shape
@@ -210,8 +250,13 @@ def avg_pool_forward(x, kernel=2, stride=None, padding=0):
     """
     kernel_hw, stride_hw, pad_hw, _ = _check.check_pool(
         "avg_pool_forward", x, kernel, stride, padding, _FLOATS)
-    win = _windows(_pad(x, pad_hw, 0.0), kernel_hw, stride_hw)
-    y = win.sum(axis=(-2, -1)) / (kernel_hw[0] * kernel_hw[1])
+    tiles = _tiles(x, kernel_hw, stride_hw, pad_hw)
+    if tiles is not None:  # windows that tile x: a reduction over a view
+        y = sum(tiles[:, :, :, p, :, q] for p in range(kernel_hw[0]) for q in range(kernel_hw[1]))
+        y = y / (kernel_hw[0] * kernel_hw[1])
+    else:
+        win = _windows(_pad(x, pad_hw, 0.0), kernel_hw, stride_hw)
+        y = win.sum(axis=(-2, -1)) / (kernel_hw[0] * kernel_hw[1])
     return y, (x.shape, x.dtype, y.shape, kernel_hw, stride_hw, pad_hw)
 
 
@@ -223,6 +268,10 @@ def avg_pool_backward(dy, cache):
     n, c, h, w = x_shape
     kh, kw = kernel_hw
     share = dy / (kh * kw)
+    if _tiles(np.empty((0, 0, h, w)), kernel_hw, stride_hw, pad_hw) is not None:  # windows tile x
+        oh, ow = y_shape[2:]
+        full = np.broadcast_to(share[:, :, :, None, :, None], (n, c, oh, kh, ow, kw))
+        return np.ascontiguousarray(full).reshape(n, c, h, w)
     dwin = np.broadcast_to(share[..., None, None], y_shape + (kh, kw))  # a view, no copy
     dxp = np.zeros((n, c, h + 2 * pad_hw[0], w + 2 * pad_hw[1]), dtype=dtype)
     _add_windows(dxp, dwin, stride_hw)
@@ -344,12 +393,12 @@ def linear_forward(x, w, b):
     return y, (x, w, b is not None)
 
 
-def linear_backward(dy, cache):
-    """``dx = dy @ w``, ``dw = dy.T @ x``, ``db = sum_n dy`` (None without bias)."""
+def linear_backward(dy, cache, need_dx=True):
+    """``dx = dy @ w`` (None when not ``need_dx``), ``dw = dy.T @ x``, ``db = sum_n dy`` (None without bias)."""
     x, w, has_bias = cache
     _check.check_same_shape("linear_backward", "dy", dy, "y", (x.shape[0], w.shape[0]), dtype=x.dtype)
     db = dy.sum(axis=0) if has_bias else None
-    return dy @ w, dy.T @ x, db
+    return (dy @ w if need_dx else None), dy.T @ x, db
 
 
 # ---------------------------------------------------------- softmax, loss

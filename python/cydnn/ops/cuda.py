@@ -88,8 +88,9 @@ def conv_forward(x, w, b, stride=1, padding=0):
     return _ret(host, y), (x, w, b is not None, stride_hw, pad_hw)
 
 
-def conv_backward(dy, cache):
-    """(dx, dw, db): cuDNN backward data, backward filter and backward bias (db None without bias)."""
+def conv_backward(dy, cache, need_dx=True):
+    """(dx, dw, db): cuDNN backward data, backward filter and backward bias (db None without bias,
+    dx None -- and no backward-data call -- when not ``need_dx``)."""
     x, w, has_bias, stride_hw, pad_hw = cache
     oh = (x.shape[2] + 2 * pad_hw[0] - w.shape[2]) // stride_hw[0] + 1
     ow = (x.shape[3] + 2 * pad_hw[1] - w.shape[3]) // stride_hw[1] + 1
@@ -97,7 +98,7 @@ def conv_backward(dy, cache):
                             np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
-    dx, dw = _C.empty(x.shape), _C.empty(w.shape)
+    dx, dw = (_C.empty(x.shape) if need_dx else None), _C.empty(w.shape)
     db = _C.empty((w.shape[0],)) if has_bias else None
     _C.conv_backward(x, w, dy, dx, dw, db, stride_hw, pad_hw)
     return _ret(host, dx, dw, db)
@@ -225,14 +226,14 @@ def linear_forward(x, w, b):
     return _ret(host, y), (x, w, b is not None)
 
 
-def linear_backward(dy, cache):
-    """(dx, dw, db): dx = dy w, dw = dy^T x (SGEMMs), db = column sums of dy (kernel)."""
+def linear_backward(dy, cache, need_dx=True):
+    """(dx, dw, db): dx = dy w (None when not ``need_dx``), dw = dy^T x (SGEMMs), db = column sums of dy."""
     x, w, has_bias = cache
     _check.check_same_shape("linear_backward", "dy", dy, "the forward output", (x.shape[0], w.shape[0]),
                             np.float32)
     host = _on_host(dy)
     dy = _dev(dy)
-    dx, dw = _C.empty(x.shape), _C.empty(w.shape)
+    dx, dw = (_C.empty(x.shape) if need_dx else None), _C.empty(w.shape)
     db = _C.empty((w.shape[0],)) if has_bias else None
     _C.linear_backward(x, w, dy, dx, dw, db)
     return _ret(host, dx, dw, db)

@@ -328,3 +328,18 @@ def test_reduced_precision_predict_keeps_test_accuracy(classic, mnist):
     assert cydnn.cuda.settings()["fp16"] is False and cydnn.cuda.settings()["allow_tf32"] is False
     with pytest.raises(ValueError, match="precision must be one of"):
         model.predict(x[:2], precision="bf16")
+
+
+@gpu
+@pytest.mark.parametrize("classic", [False, True])
+def test_fast_paths_on_a_few_images(classic):
+    """Small and quick (the sanitizer subset): every fast inference path against the reference."""
+    rng = np.random.default_rng(7)
+    model = models.LeNet5(classic=classic, seed=3).to("cuda")
+    images = rng.integers(0, 256, (100, 28, 28), dtype=np.uint8)
+    for x in (images[:3], images[:3].astype(np.float32) / 255, images):      # graph path, float, chunked path
+        assert np.abs(model.predict(x) - model.predict(x, fast=False)).max() <= 1e-5
+    out = ops.cuda.empty((100, 10))
+    _C.lenet_forward(classic, 10, fast.support.lenet_params(model), ops.cuda.asarray(images), out, model.mean,
+                     model.std, True)
+    assert np.abs(out.numpy() - model.predict(images, fast=False)).max() <= 1e-5

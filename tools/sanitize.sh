@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU tests under compute-sanitizer: memcheck, racecheck, initcheck, synccheck.
+#
+#   CYDNN_TEST_MNIST=/path/to/mnist bash tools/sanitize.sh [tool ...]
+#
+# A subset that covers every kernel and every cuDNN / cuBLAS path (one case per
+# op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
+# training step, graph capture and replay, the numpy predictor), the fused MLP,
+# fp16, and the memory-steadiness test with CYDNN_SANITIZE=1 (fewer calls).
+# Prints one line per tool: exit status, the sanitizer's error count, seconds.
+# The failure-injection and out-of-memory tests are left out on purpose: their
+# refused API calls are what memcheck reports as "errors".
+set -u
+cd "$(dirname "$0")/.."
+SAN=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+TOOLS=${*:-memcheck racecheck initcheck synccheck}
+export CYDNN_SANITIZE=1
+OPS="test_conv and device-xs2 or test_pool or test_activation or test_linear or test_softmax_and_cross_entropy \
+or test_sgd_update or test_adam_update or test_gather_batch or test_dropout or ten_thousand"
+FAST="fast_paths_on_a_few_images or compiled_step_last_gradient or capture_failure \
+or fused_mlp_matches_the_twin and dims0-8 or fp16_conv"
+status=0
+for tool in $TOOLS; do
+  start=$(date +%s)
+  log=$(mktemp)
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_ops_cuda.py -k "$OPS" >"$log" 2>&1
+  rc1=$?
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_fast.py -k "$FAST" >>"$log" 2>&1
+  rc2=$?
+  errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | awk '{s += $3} END {print s + 0}')
+  tests=$(grep -E "passed|failed" "$log" | tr '\n' ' ')
+  echo "$tool: exit ${rc1}/${rc2}, sanitizer errors ${errors}, $(( $(date +%s) - start )) s; pytest: ${tests}"
+  [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ] && { status=1; tail -40 "$log"; }
+  rm -f "$log"
+done
+exit $status

@@ -117,6 +117,13 @@ class ImageClassifier(nn.Sequential):
         linear layers in float16 on tensor cores, float32 accumulation).  The
         reduced precisions run the per-layer path (the fused kernels are
         fp32); the settings are restored afterwards.
+
+        Zero images give an empty (0, num_classes) array.  Images with NaN or
+        weights with NaN/Inf give NaN probabilities for the images they reach.
+        Threads: several threads may call ``predict`` on one model; on the GPU
+        the fast path's calls take turns (a lock), the reference path's C
+        calls are serialised by the GIL.  Training one model from two threads
+        at once is not supported.
         """
         images = self._check_images(x)
         if fast is not False and precision == "fp32" and self._device == "cuda" and batch_size >= 1:

@@ -20,6 +20,19 @@ __all__ = ["Optimizer", "SGD", "Adam", "AdamW",
            "LRScheduler", "StepLR", "CosineAnnealingLR", "LinearWarmup"]
 
 
+def _finite(what, value, minimum=None):
+    """``value`` as a float, refusing NaN, infinities, non-numbers and values below ``minimum``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{what} must be finite, got {v}")
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{what} must be >= {minimum:g}, got {v}")
+    return v
+
+
 class Optimizer:
     """Base class: parameters, per-parameter state, ``zero_grad`` and ``step``.
 
@@ -33,10 +46,17 @@ class Optimizer:
         self.params = list(params)
         if not self.params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
-        if lr < 0:
-            raise ValueError(f"learning rate must be >= 0, got {lr}")
-        self.lr = float(lr)
+        self.lr = lr
         self.state = [None] * len(self.params)
+
+    @property
+    def lr(self):
+        """The learning rate: a finite number >= 0 (checked on every assignment, schedules included)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value):
+        self._lr = _finite(f"{type(self).__name__}: learning rate", value, minimum=0.0)
 
     def zero_grad(self):
         """Forget every parameter's gradient (``p.grad = None``)."""
@@ -118,6 +138,9 @@ class SGD(Optimizer):
 
     def __init__(self, params, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
         super().__init__(params, lr)
+        momentum = _finite("SGD: momentum", momentum)
+        weight_decay = _finite("SGD: weight_decay", weight_decay)
+        dampening = _finite("SGD: dampening", dampening)
         if momentum < 0:
             raise ValueError(f"momentum must be >= 0, got {momentum}")
         if weight_decay < 0:
@@ -162,6 +185,8 @@ class Adam(Optimizer):
         beta1, beta2 = betas
         if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
             raise ValueError(f"betas must be in [0, 1), got {betas}")
+        eps = _finite(f"{type(self).__name__}: eps", eps)
+        weight_decay = _finite(f"{type(self).__name__}: weight_decay", weight_decay)
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
         if weight_decay < 0:

@@ -13,6 +13,8 @@ the reference ``predict``, done by the caller), the ten weight pointers, one
 output allocation.  ``model.predict`` uses this automatically on the GPU;
 ``model.predict(x, fast=False)`` is the reference path.
 """
+import threading
+
 import numpy as np
 
 from .. import _C
@@ -31,6 +33,9 @@ class FastPredictor:
         self.num_classes = model.num_classes
         self._params = lenet_parameters(model)
         self._p = _C.Predictor(model.classic, model.num_classes, model.mean, model.std, use_graphs)
+        # The C predictor's pinned buffers and graphs are shared by its calls, and the call releases
+        # the GIL: two threads predicting with one model take turns here.
+        self._lock = threading.Lock()
 
     @property
     def graph_count(self):
@@ -45,4 +50,5 @@ class FastPredictor:
             images = np.ascontiguousarray(images)
         if not images.shape[0]:
             return np.empty((0, self.num_classes), np.float32)
-        return self._p(self._params, images)
+        with self._lock:
+            return self._p(self._params, images)

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import http.server
 import os
-import shutil
 import signal
 import struct
 import subprocess
@@ -25,17 +24,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import cydnn
 from cydnn import datasets
 from cydnn.datasets import DatasetCacheError, DatasetDownloadError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_idx  # noqa: E402
+from faultkit import UNSHARE_AVAILABLE, UNSHARE_REASON, child_env, run_on_tmpfs  # noqa: E402
 from tiny_idx import FILES, IMAGES, LABELS, Tiny  # noqa: E402
-
-TESTS = Path(__file__).resolve().parent
-PYTHONPATH = os.pathsep.join([str(Path(cydnn.__file__).resolve().parents[1]), str(TESTS)]
-                             + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
 
 
 # --------------------------------------------------------------------------
@@ -310,8 +305,7 @@ CHILD = textwrap.dedent("""
 
 
 def child(root, *mirrors, **kw):
-    env = dict(os.environ, PYTHONPATH=PYTHONPATH, NO_PROXY="127.0.0.1", no_proxy="127.0.0.1", **kw)
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(root), *mirrors], env=env,
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(root), *mirrors], env=child_env(**kw),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -442,16 +436,7 @@ def test_full_disk_simulated(tmp_path, monkeypatch):
     assert listing(tmp_path / "cache" / "tiny") == []
 
 
-def _unshare_available():
-    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
-    return probe.returncode == 0
-
-
-UNSHARE = pytest.mark.skipif(not _unshare_available(),
-                             reason="needs root and `unshare -m` with tmpfs mounts (a private mount namespace)")
+UNSHARE = pytest.mark.skipif(not UNSHARE_AVAILABLE, reason=UNSHARE_REASON)
 
 MOUNTED_CHILD = textwrap.dedent("""
     import errno, os, sys
@@ -468,21 +453,16 @@ MOUNTED_CHILD = textwrap.dedent("""
 """)
 
 
-def run_on_tmpfs(tmp_path, options):
-    """Run MOUNTED_CHILD with its cache on a fresh tmpfs (``options``) in a private mount namespace."""
+def tmpfs_child(tmp_path, options):
+    """MOUNTED_CHILD with its cache on a fresh tmpfs mounted with ``options``."""
     mirror = tiny_idx.write_mirror(tmp_path / "mirror")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    script = (f"mount -t tmpfs -o {options} tmpfs {mnt} && "
-              f"exec {sys.executable} -c \"$CHILD\" {mnt} {mirror}")
-    env = dict(os.environ, PYTHONPATH=PYTHONPATH, CHILD=MOUNTED_CHILD)
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True,
-                          timeout=120)
+    (tmp_path / "mnt").mkdir()
+    return run_on_tmpfs(tmp_path / "mnt", options, MOUNTED_CHILD, tmp_path / "mnt", mirror)
 
 
 @UNSHARE
 def test_read_only_file_system(tmp_path):
-    out = run_on_tmpfs(tmp_path, "ro,size=1m")
+    out = tmpfs_child(tmp_path, "ro,size=1m")
     assert out.returncode == 3, out.stderr
     assert f"errno={errno.EROFS}" in out.stderr
     assert "cannot use the dataset cache: creating the folder" in out.stderr
@@ -491,7 +471,7 @@ def test_read_only_file_system(tmp_path):
 
 @UNSHARE
 def test_full_file_system_on_a_tiny_tmpfs(tmp_path):
-    out = run_on_tmpfs(tmp_path, "size=64k")       # the images file needs 313,620 bytes
+    out = tmpfs_child(tmp_path, "size=64k")       # the images file needs 313,620 bytes
     assert out.returncode == 3, out.stderr
     assert f"errno={errno.ENOSPC}" in out.stderr and "No space left on device" in out.stderr
     assert "left: []" in out.stderr                 # no temporary, no lock, nothing partial

@@ -12,7 +12,6 @@ import sys
 import textwrap
 import time
 import tracemalloc
-import zipfile
 import zlib
 from pathlib import Path
 

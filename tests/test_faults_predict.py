@@ -99,3 +99,39 @@ def test_device_arrays_work_in_ops_after_empty_cache():
     out = cuda.relu_backward(cydnn.to_device(np.ones_like(x)), y2)   # y2 made before the second empty_cache
     assert np.array_equal(out.numpy(), (x > 0).astype(np.float32))
     assert p.numpy().shape == (4, 3, 4, 4)
+
+
+def test_the_fast_predictors_c_calls_take_turns_between_threads():
+    """The fast predictor's C call releases the GIL (it waits on the GPU); its pinned buffers and
+    graphs are shared by the calls, so the calls of one predictor must never overlap.  Checked on
+    the CPU with a stand-in for the C predictor that sleeps (releasing the GIL) and counts how many
+    calls are inside at once."""
+    import threading
+    import time
+
+    from cydnn.fast.predict import FastPredictor
+
+    class FakeC:
+        inside = peak = calls = 0
+        guard = threading.Lock()
+
+        def __call__(self, params, images):
+            with self.guard:
+                FakeC.inside += 1
+                FakeC.peak = max(FakeC.peak, FakeC.inside)
+                FakeC.calls += 1
+            time.sleep(0.002)
+            with self.guard:
+                FakeC.inside -= 1
+            return np.zeros((len(images), 10), np.float32)
+
+    predictor = object.__new__(FastPredictor)          # no GPU: only the Python wrapper is under test
+    predictor.num_classes, predictor._params, predictor._p = 10, (), FakeC()
+    predictor._lock = threading.Lock()
+    images = np.zeros((3, 28, 28), np.uint8)
+    threads = [threading.Thread(target=lambda: [predictor(images) for _ in range(25)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert FakeC.calls == 100 and FakeC.peak == 1

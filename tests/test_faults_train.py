@@ -160,3 +160,13 @@ def test_the_guard_is_gone_after_training(monkeypatch):
     undo()
     assert signal.getsignal(signal.SIGINT) is before
     assert issubclass(train.TrainingInterrupted, KeyboardInterrupt)
+
+
+def test_no_mirror_works_is_one_error_line_and_exit_1(tmp_path):
+    empty = tmp_path / "empty-mirror"
+    empty.mkdir()
+    out = subprocess.run(command(tmp_path, empty, "--epochs", "1"), env=child_env(), capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "error: could not download t10k-images-idx3-ubyte.gz for Tiny from any mirror:" in out.stderr
+    assert f"  - {empty}: file not found: {empty}/t10k-images-idx3-ubyte.gz" in out.stderr

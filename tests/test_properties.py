@@ -9,7 +9,7 @@ the GPU ops on the same strategies against the twins.
 
 Examples are drawn at random, except under CI (``$CI`` set), where the run is
 derandomized so that it repeats exactly.  ``$CYDNN_HYPOTHESIS_EXAMPLES``
-changes the number of examples per test (default 50).
+changes the number of examples per test (default 50; 3 under ``$CYDNN_SANITIZE``).
 """
 import os
 
@@ -22,7 +22,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from cydnn.ops import cpu  # noqa: E402
 
-EXAMPLES = int(os.environ.get("CYDNN_HYPOTHESIS_EXAMPLES", "50"))
+# Under compute-sanitizer (tools/sanitize.sh sets CYDNN_SANITIZE=1) each GPU example costs seconds: a few suffice.
+EXAMPLES = int(os.environ.get("CYDNN_HYPOTHESIS_EXAMPLES", "3" if os.environ.get("CYDNN_SANITIZE") else "50"))
 settings.register_profile("cydnn", max_examples=EXAMPLES, deadline=None, database=None,
                           derandomize=bool(os.environ.get("CI")), print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

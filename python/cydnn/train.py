@@ -52,6 +52,7 @@ def build_parser():
                    help="on the GPU, train with the compiled step (fused kernels replayed as CUDA graphs; "
                         "see cydnn.fast); --no-cuda-graph runs the per-op reference loop")
     p.add_argument("--json", action="store_true", help="print one JSON summary object as the last line")
+    p.add_argument("--traceback", action="store_true", help="on Ctrl-C, show where it stopped")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -108,6 +109,9 @@ def train(args, log=None):
     if args.limit_train is not None:
         if args.limit_train < 1:
             raise SystemExit(f"--limit-train must be >= 1, got {args.limit_train}")
+        if args.limit_train > len(train_images):
+            log(f"--limit-train {args.limit_train} is more than the {len(train_images)} training images: "
+                f"using all of them")
         train_images, train_labels = train_images[:args.limit_train], train_labels[:args.limit_train]
 
     model = models.LeNet5(classic=args.classic, num_classes=len(cls.classes), seed=args.seed,
@@ -233,7 +237,18 @@ def main(argv=None):
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    summary = train(args)
+    try:
+        # Divergence is detected and reported per epoch below; numpy's overflow warnings add nothing.
+        with np.errstate(over="ignore", invalid="ignore"):
+            summary = train(args)
+    except KeyboardInterrupt:
+        if args.traceback:
+            raise
+        # A checkpoint is written only after the last epoch, to a temporary file renamed into
+        # place: an interrupt leaves the previous file at --save (or none), never a partial one.
+        print("interrupted: training stopped" + (f"; {args.save} was not written" if args.save else ""),
+              file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return 0

@@ -1,0 +1,74 @@
+"""The train command under odd arguments and Ctrl-C (real subprocesses, on the CPU)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cydnn
+
+MNIST = Path(os.environ.get("CYDNN_TEST_MNIST", Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"))
+pytestmark = pytest.mark.skipif(not MNIST.is_dir(), reason=f"real MNIST not found in {MNIST} (set CYDNN_TEST_MNIST)")
+
+
+def cmd(tmp_path, *extra):
+    return [sys.executable, "-m", "cydnn.train", "--device", "cpu", "--mirror", str(MNIST), "--data-dir",
+            str(tmp_path / "data"), "--no-progress", *extra]
+
+
+def run(tmp_path, *extra):
+    return subprocess.run(cmd(tmp_path, *extra), capture_output=True, text=True, timeout=300)
+
+
+def test_divergence_is_one_line_with_the_epoch(tmp_path):
+    r = run(tmp_path, "--limit-train", "500", "--epochs", "2", "--lr", "1e6")
+    assert r.returncode != 0
+    assert "training diverged at epoch 1" in r.stderr and "Traceback" not in r.stderr
+    assert "RuntimeWarning" not in r.stderr
+
+
+def test_batch_larger_than_the_dataset_is_one_batch(tmp_path):
+    r = run(tmp_path, "--limit-train", "100", "--batch-size", "1000", "--epochs", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"train_images": 100' in r.stdout
+
+
+def test_limit_larger_than_the_dataset_says_so(tmp_path):
+    r = run(tmp_path, "--limit-train", "100000", "--epochs", "0")
+    assert r.returncode != 0 and "--epochs must be >= 1" in r.stderr      # arguments checked first
+    r = subprocess.run(cmd(tmp_path, "--limit-train", "100000", "--epochs", "1", "--json", "--batch-size", "512"),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "more than the 60000 training images: using all of them" in r.stderr
+
+
+@pytest.mark.parametrize("previous", [False, True])
+def test_ctrl_c_stops_quickly_and_leaves_no_partial_checkpoint(tmp_path, previous):
+    target = tmp_path / "model.npz"
+    if previous:
+        cydnn.models.LeNet5(seed=7).save(target)
+        before = target.read_bytes()
+    proc = subprocess.Popen(cmd(tmp_path, "--limit-train", "5000", "--epochs", "50", "--save", str(target)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()                    # the first epoch finished: training is under way
+        assert line.startswith("epoch"), line + proc.stderr.read()
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert elapsed < 5, elapsed
+    assert "interrupted" in err and "Traceback" not in err
+    if previous:
+        assert target.read_bytes() == before                               # the old checkpoint, intact
+        assert cydnn.load(target).predict(np.zeros((1, 28, 28), np.uint8)).shape == (1, 10)
+    else:
+        assert not target.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("model.npz") and p != target]  # no temp left

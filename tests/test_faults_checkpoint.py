@@ -7,7 +7,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 

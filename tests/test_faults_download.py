@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cydnn import datasets

@@ -318,7 +318,9 @@ def _download_http(url, dest, deadline=None):
     """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure.
 
     ``deadline`` (seconds, default DOWNLOAD_DEADLINE) bounds the whole file, whatever
-    the server does; TIMEOUT bounds each wait for the next bytes.
+    the server does; TIMEOUT bounds each wait for the next bytes.  The deadline is
+    checked after each read, so a download stops at most min(TIMEOUT, deadline)
+    seconds after it.
     """
     limit = DOWNLOAD_DEADLINE if deadline is None else deadline
     stop_at = time.monotonic() + limit
@@ -413,9 +415,8 @@ def _gunzip(src, dest, max_size):
     digest = hashlib.sha256()
     written = 0
     with open(src, "rb") as f:
-        magic = f.read(2)
-    if magic != b"\x1f\x8b":
-        head = magic + open(src, "rb").read(60)[2:]
+        head = f.read(64)
+    if head[:2] != b"\x1f\x8b":
         if head.lstrip()[:1] == b"<":
             raise _MirrorFailed(f"not a gzip file but an HTML/XML page (it starts with {head[:40]!r}): "
                                 f"probably an error page served with HTTP 200")
@@ -505,7 +506,10 @@ class _FolderLock:
         self.fd = None
 
     def __enter__(self):
-        import fcntl
+        try:
+            import fcntl
+        except ImportError:       # no flock (Windows): unique temp names + os.replace still apply
+            return self
         try:
             self.fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -523,7 +527,8 @@ class _FolderLock:
                 time.sleep(0.05)
 
     def __exit__(self, *exc):
-        os.close(self.fd)     # closing releases the flock
+        if self.fd is not None:
+            os.close(self.fd)     # closing releases the flock
 
 
 def _remove_leftovers(folder, filename):

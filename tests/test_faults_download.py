@@ -311,3 +311,14 @@ def test_download_killed_midway_leaves_nothing_accepted(server, tmp_path):
     assert d.images.tobytes() == IMAGES[16:]
     assert sorted(p.name for p in folder.iterdir()) == sorted(["train-images-idx3-ubyte",
                                                                "train-labels-idx1-ubyte"])
+
+
+def test_unwritable_cache_folder_simulated(server, tmp_path, monkeypatch):
+    """The read-only case as root sees it when simulated: creating the temporary file is refused."""
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(datasets.tempfile, "mkstemp", refuse)
+    with pytest.raises(DatasetCacheError, match="cannot write into the dataset cache folder .*Permission denied"):
+        Tiny(root=tmp_path, mirrors=[server[0] + "/good/"])
+    _assert_clean(tmp_path)

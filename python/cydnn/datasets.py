@@ -38,6 +38,7 @@ import operator
 import os
 import sys
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 import warnings
@@ -47,12 +48,14 @@ from pathlib import Path
 
 import numpy as np
 import requests
+import urllib3
 from tqdm import tqdm
 
 import cydnn.ops
 
 __all__ = [
     "DataLoader",
+    "DatasetCacheError",
     "DatasetDownloadError",
     "FashionMNIST",
     "IDXDataset",
@@ -65,6 +68,17 @@ __all__ = [
 
 #: Seconds to wait for a mirror to connect, and then between two chunks of data.
 TIMEOUT = 30
+
+#: Seconds one whole file may take to download from one mirror (a server that
+#: trickles a byte a second never trips TIMEOUT, but trips this).
+DOWNLOAD_DEADLINE = 600
+
+#: Largest IDX file accepted, in bytes (a header that declares more is refused
+#: before anything is allocated; MNIST's largest file is 47 MB).
+MAX_IDX_BYTES = 1 << 30
+
+#: Seconds to wait for another process that is filling the same cache file.
+LOCK_TIMEOUT = 900
 
 _CHUNK = 1 << 20  # bytes read or written at a time (1 MiB)
 
@@ -87,6 +101,20 @@ class DatasetDownloadError(RuntimeError):
 
 class _MirrorFailed(Exception):
     """One mirror could not provide one file; the message says why."""
+
+
+class DatasetCacheError(OSError):
+    """The cache folder cannot be written (read-only, disk full, ...): no mirror can fix that.
+
+    ``errno`` is the system's error number; the message names the folder and the file.
+    No partial file is left behind.
+    """
+
+    def __init__(self, path, error):
+        path = os.fspath(path)
+        super().__init__(error.errno, f"cannot write into the dataset cache folder "
+                                      f"{os.path.dirname(path) or '.'!r}: {error.strerror or error} "
+                                      f"(while writing {os.path.basename(path)})")
 
 
 # --------------------------------------------------------------------------
@@ -168,7 +196,7 @@ def read_idx(source):
     if rank == 3 and (dims[1] == 0 or dims[2] == 0):
         raise ValueError(f"{what}: images of size {dims[1]}x{dims[2]}: rows and columns must be > 0")
 
-    expected = int(np.prod(dims))
+    expected = _check_idx_dims(dims, what)
     payload = data.size - header_size
     if payload != expected:
         raise ValueError(
@@ -178,6 +206,29 @@ def read_idx(source):
     array = data[header_size:].reshape(dims)
     # np.frombuffer gives a read-only view of the caller's bytes: hand back our own copy.
     return array if array.flags.writeable else array.copy()
+
+
+def _check_idx_dims(dims, what):
+    """Bytes of data that IDX dimensions ``dims`` declare; refuses more than MAX_IDX_BYTES."""
+    expected = 1
+    for d in dims:
+        expected *= int(d)          # Python ints: no overflow
+    if expected > MAX_IDX_BYTES:
+        raise ValueError(f"{what}: header declares dimensions {tuple(dims)} = {expected} bytes, more than "
+                         f"the {MAX_IDX_BYTES}-byte limit (MAX_IDX_BYTES): refusing it")
+    return expected
+
+
+def _check_idx_header(head, what):
+    """Check the first bytes of an IDX stream (magic, rank, declared size) before reading the rest."""
+    if len(head) < 4 or head[:2] != b"\0\0" or head[2] != _IDX_UBYTE or head[3] not in (1, 3):
+        raise ValueError(f"{what}: not an unsigned-byte IDX file of rank 1 or 3 "
+                         f"(it starts with {bytes(head[:4])!r})")
+    rank = head[3]
+    if len(head) < 4 + 4 * rank:
+        raise ValueError(f"{what}: too short for the header of a rank-{rank} IDX file")
+    dims = [int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(rank)]
+    return _check_idx_dims(dims, what)
 
 
 def _check_pair(images, labels, num_classes, what="dataset"):
@@ -263,30 +314,61 @@ def _progress(total, desc):
                 file=sys.stderr, disable=None, leave=False)
 
 
-def _download_http(url, dest):
-    """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure."""
+def _download_http(url, dest, deadline=None):
+    """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure.
+
+    ``deadline`` (seconds, default DOWNLOAD_DEADLINE) bounds the whole file, whatever
+    the server does; TIMEOUT bounds each wait for the next bytes.  The deadline is
+    checked after each read, so a download stops at most min(TIMEOUT, deadline)
+    seconds after it.
+    """
+    limit = DOWNLOAD_DEADLINE if deadline is None else deadline
+    stop_at = time.monotonic() + limit
     received, total = 0, None
     try:
-        with requests.get(url, stream=True, timeout=TIMEOUT) as response:
+        with requests.get(url, stream=True, timeout=(TIMEOUT, min(TIMEOUT, limit))) as response:
             if response.status_code != 200:
                 raise _MirrorFailed(f"HTTP {response.status_code} {response.reason} for {url}")
+            ctype = response.headers.get("Content-Type", "")
+            if ctype.split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+                raise _MirrorFailed(f"{url} answered an HTML page (Content-Type {ctype!r}), "
+                                    f"not a .gz file: probably an error or login page")
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+            raw = response.raw
             with open(dest, "wb") as out, _progress(total, url.rsplit("/", 1)[-1]) as bar:
-                for chunk in response.iter_content(chunk_size=_CHUNK):
-                    out.write(chunk)
+                while True:
+                    if time.monotonic() > stop_at:
+                        raise _MirrorFailed(f"download deadline of {limit} s passed after {received} "
+                                            f"of {total if total is not None else '?'} bytes from {url} "
+                                            f"(server too slow; see DOWNLOAD_DEADLINE)")
+                    chunk = raw.read1(_CHUNK)       # returns as soon as some bytes came
+                    if not chunk:
+                        break
+                    try:
+                        out.write(chunk)
+                    except OSError as e:
+                        raise DatasetCacheError(dest, e) from None
                     received += len(chunk)
                     bar.update(len(chunk))
-    except requests.exceptions.ChunkedEncodingError as e:
-        # What requests raises when the connection closes before the announced length.
+    except _MirrorFailed:
+        raise
+    except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as e:
+        # What is raised when the connection closes before the announced length.
         raise _MirrorFailed(f"truncated download: the connection closed after {received} "
-                            f"of {total if total is not None else '?'} bytes ({e})") from None
-    except requests.Timeout as e:
-        raise _MirrorFailed(f"timed out after {TIMEOUT} s ({e})") from None
+                            f"of {total if total is not None else '?'} bytes from {url} ({e})") from None
+    except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as e:
+        raise _MirrorFailed(f"timed out: no data for {min(TIMEOUT, limit)} s after {received} bytes "
+                            f"from {url} ({e})") from None
+    except requests.TooManyRedirects as e:
+        raise _MirrorFailed(f"too many redirects (a redirect loop?) for {url} ({e})") from None
     except requests.ConnectionError as e:
         raise _MirrorFailed(f"connection failed ({e})") from None
     except requests.RequestException as e:
         raise _MirrorFailed(f"request failed ({type(e).__name__}: {e})") from None
+    except urllib3.exceptions.HTTPError as e:
+        raise _MirrorFailed(f"download failed after {received} bytes from {url} "
+                            f"({type(e).__name__}: {e})") from None
     if total is not None and received != total:  # in case the HTTP layer did not notice
         raise _MirrorFailed(f"truncated download: got {received} of {total} bytes from {url}")
 
@@ -297,8 +379,13 @@ def _copy_local(path, dest):
         with open(path, "rb") as src, open(dest, "wb") as out, \
                 _progress(os.path.getsize(path), os.path.basename(path)) as bar:
             for chunk in iter(lambda: src.read(_CHUNK), b""):
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as e:
+                    raise DatasetCacheError(dest, e) from None
                 bar.update(len(chunk))
+    except DatasetCacheError:
+        raise
     except FileNotFoundError:
         raise _MirrorFailed(f"file not found: {path}") from None
     except OSError as e:
@@ -327,15 +414,33 @@ def _gunzip(src, dest, max_size):
     """
     digest = hashlib.sha256()
     written = 0
+    with open(src, "rb") as f:
+        head = f.read(64)
+    if head[:2] != b"\x1f\x8b":
+        if head.lstrip()[:1] == b"<":
+            raise _MirrorFailed(f"not a gzip file but an HTML/XML page (it starts with {head[:40]!r}): "
+                                f"probably an error page served with HTTP 200")
+        raise _MirrorFailed(f"not a gzip file (it starts with {head[:16]!r})")
     try:
         with gzip.open(src, "rb") as f, open(dest, "wb") as out:
+            first = True
             for chunk in iter(lambda: f.read(_CHUNK), b""):
+                if first:
+                    first = False
+                    try:
+                        _check_idx_header(chunk[:16], "decompressed data")
+                    except ValueError as e:
+                        raise _MirrorFailed(str(e)) from None
                 written += len(chunk)
                 if written > max_size:
                     raise _MirrorFailed(
-                        f"decompressed data is larger than the expected {max_size} bytes")
+                        f"decompressed data is larger than the expected {max_size} bytes: "
+                        f"refusing it (a gzip bomb or the wrong file)")
                 digest.update(chunk)
-                out.write(chunk)
+                try:
+                    out.write(chunk)
+                except OSError as e:
+                    raise DatasetCacheError(dest, e) from None
     except EOFError:
         raise _MirrorFailed("truncated gzip: the compressed stream ends before its end marker") from None
     except (gzip.BadGzipFile, zlib.error) as e:
@@ -369,6 +474,8 @@ def _fetch_from_mirror(mirror, filename, info, folder):
                            f"{info.gz_size} bytes with SHA-256 {info.gz_sha256}")
             raise _MirrorFailed(reason)
 
+        with open(idx_tmp, "rb+") as f:   # on disk before it gets its name
+            os.fsync(f.fileno())
         os.replace(idx_tmp, folder / filename)  # atomic: the final name appears complete or not at all
     finally:
         for tmp in (gz_tmp, idx_tmp):
@@ -377,23 +484,82 @@ def _fetch_from_mirror(mirror, filename, info, folder):
 
 def _temp_file(folder, name):
     """A new, empty, uniquely named hidden file in ``folder``, for ``name`` while it downloads."""
-    fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
+    try:
+        fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
+    except OSError as e:
+        raise DatasetCacheError(os.path.join(folder, name), e) from None
     os.close(fd)
     return Path(path)
 
 
-def _download(dataset, filename, info, folder, mirrors):
-    """Try each mirror in order; raise DatasetDownloadError listing every failure."""
-    folder.mkdir(parents=True, exist_ok=True)
-    failures = []
-    for mirror in mirrors:
+class _FolderLock:
+    """An exclusive ``flock`` on the cache folder itself: one process fills a folder at a time.
+
+    Locking the folder (not a lock file) leaves nothing behind in the cache.
+    The kernel drops the lock when its holder dies (even by SIGKILL), so a
+    killed download never blocks the next run.
+    """
+
+    def __init__(self, folder, timeout=None):
+        self.path = Path(folder)
+        self.timeout = LOCK_TIMEOUT if timeout is None else timeout
+        self.fd = None
+
+    def __enter__(self):
         try:
-            _fetch_from_mirror(mirror, filename, info, folder)
-            _verified.add(_verify_key(folder / filename))
+            import fcntl
+        except ImportError:       # no flock (Windows): unique temp names + os.replace still apply
+            return self
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise DatasetCacheError(self.path / ".lock", e) from None
+        stop_at = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > stop_at:
+                    os.close(self.fd)
+                    raise TimeoutError(f"another process has held the lock on {self.path} for more than "
+                                       f"{self.timeout} s (LOCK_TIMEOUT); is a download stuck?") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)     # closing releases the flock
+
+
+def _remove_leftovers(folder, filename):
+    """Delete ``.part`` files of ``filename`` left by a killed process (call with the lock held)."""
+    for leftover in Path(folder).glob(f".{filename}.*.part"):
+        leftover.unlink(missing_ok=True)
+
+
+def _download(dataset, filename, info, folder, mirrors):
+    """Try each mirror in order; raise DatasetDownloadError listing every failure.
+
+    A cache folder that cannot be written raises DatasetCacheError at once.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetCacheError(folder / filename, e) from None
+    with _FolderLock(folder):
+        path = folder / filename
+        if path.exists() and _cached_file_ok(path, info):    # another process just filled it
             return
-        except _MirrorFailed as e:
-            failures.append((mirror, str(e)))
-    raise DatasetDownloadError(dataset, filename, failures)
+        _remove_leftovers(folder, filename)
+        failures = []
+        for mirror in mirrors:
+            try:
+                _fetch_from_mirror(mirror, filename, info, folder)
+                _verified.add(_verify_key(path))
+                return
+            except _MirrorFailed as e:
+                failures.append((mirror, str(e)))
+        raise DatasetDownloadError(dataset, filename, failures)
 
 
 # --------------------------------------------------------------------------

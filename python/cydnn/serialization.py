@@ -17,6 +17,7 @@ the file's content raises :class:`CheckpointError` saying what is wrong.
 """
 import datetime
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -27,6 +28,12 @@ __all__ = ["FORMAT_VERSION", "CheckpointError", "save", "load", "load_metadata"]
 
 FORMAT_VERSION = 1
 PARAM_PREFIX = "param/"
+
+#: Largest uncompressed size accepted for one archive member, and for all of them (bytes).
+MAX_MEMBER_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 4 << 30
+#: Largest num_classes a config may ask for.
+MAX_CLASSES = 100_000
 _ZIP_MAGIC = b"PK\x03\x04"
 
 
@@ -64,6 +71,12 @@ def save(model, path, metadata=None):
     existing file at ``path`` is left untouched.  Returns ``path`` as a str.
     """
     path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot save a checkpoint to {path!r}: it is a directory")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot save a checkpoint to {path!r}: the folder {directory!r} "
+                                f"does not exist (create it first)")
     meta = {"cydnn_version": _cydnn_version(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     meta.update(metadata or {})
@@ -76,7 +89,6 @@ def save(model, path, metadata=None):
     for name, value in model.state_dict().items():
         arrays[PARAM_PREFIX + name] = value.astype(np.float32)
 
-    directory = os.path.dirname(os.path.abspath(path))
     tmp = tempfile.NamedTemporaryFile(dir=directory, prefix="." + os.path.basename(path) + ".",
                                       suffix=".tmp", delete=False)
     try:
@@ -105,6 +117,8 @@ def save(model, path, metadata=None):
 def _read_archive(path):
     """Every entry of the checkpoint at ``path``, as a dict name -> numpy array."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path} is a directory, not a cydnn checkpoint file")
     with open(path, "rb") as f:       # a missing file is a FileNotFoundError, not a CheckpointError
         head = f.read(len(_ZIP_MAGIC))
     if not head:
@@ -112,6 +126,7 @@ def _read_archive(path):
     if head != _ZIP_MAGIC:
         raise CheckpointError(f"{path} is not a cydnn checkpoint: not an .npz (zip) archive "
                               f"(it starts with {head!r})")
+    _check_zip_sizes(path)
     try:
         npz = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
@@ -131,6 +146,59 @@ def _read_archive(path):
             if not isinstance(entries[key], np.ndarray):    # np.load gives raw bytes for a non-.npy member
                 raise CheckpointError(f"{path}: entry {key!r} is not a numpy array (.npy) member")
     return entries
+
+
+def _check_zip_sizes(path):
+    """Refuse an archive whose members declare huge uncompressed sizes, before reading any."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
+    total = 0
+    for info in infos:
+        if info.file_size > MAX_MEMBER_BYTES:
+            raise CheckpointError(f"{path}: entry {info.filename!r} declares {info.file_size} bytes "
+                                  f"uncompressed, more than the {MAX_MEMBER_BYTES}-byte limit "
+                                  f"(MAX_MEMBER_BYTES); refusing to read it")
+        total += info.file_size
+    if total > MAX_TOTAL_BYTES:
+        raise CheckpointError(f"{path}: its entries declare {total} bytes uncompressed in all, more than "
+                              f"the {MAX_TOTAL_BYTES}-byte limit (MAX_TOTAL_BYTES); refusing to read it")
+
+
+def _check_config(config, path, models):
+    """Check a config's arguments against its class's constructor, before building anything."""
+    import inspect
+    cls = models.ARCHITECTURES[config["arch"]]
+    params = inspect.signature(cls.__init__).parameters
+    known = [n for n in params if n != "self"]
+    args = {k: v for k, v in config.items() if k != "arch"}
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise CheckpointError(f"{path}: cannot build {config['arch']}: config has arguments {unknown} "
+                              f"that {config['arch']} does not take "
+                              f"(it takes {known})")
+    for name, value in args.items():
+        default = params[name].default
+        where = f"{path}: cannot build {config['arch']}: config argument {name}={value!r}"
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise CheckpointError(f"{where} must be true or false")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CheckpointError(f"{where} must be an integer")
+            if value < 0:
+                raise CheckpointError(f"{where} must be >= 0")
+            if name == "num_classes" and not 1 <= value <= MAX_CLASSES:
+                raise CheckpointError(f"{where} must lie in [1, {MAX_CLASSES}] (MAX_CLASSES)")
+            if value >= 2**63:
+                raise CheckpointError(f"{where} is too large")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise CheckpointError(f"{where} must be a finite number")
+            if name == "std" and not value > 0:
+                raise CheckpointError(f"{where} must be > 0")
 
 
 def _json_entry(entries, key, path):
@@ -184,10 +252,23 @@ def load(path, device="cpu"):
     if config["arch"] not in models.ARCHITECTURES:
         raise CheckpointError(f"{path}: unknown architecture {config['arch']!r}; "
                               f"known: {sorted(models.ARCHITECTURES)}")
+    _check_config(config, path, models)
     try:
         model = models.build(config)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config}: {e}") from e
+
+    expected = {name: tuple(v.shape) for name, v in model.state_dict().items()}
+    stored = {key[len(PARAM_PREFIX):]: value for key, value in entries.items() if key.startswith(PARAM_PREFIX)}
+    missing = sorted(set(expected) - set(stored))
+    extra = sorted(set(stored) - set(expected))
+    wrong = sorted(f"{n}: expected {expected[n]}, got {tuple(stored[n].shape)}"
+                   for n in set(stored) & set(expected) if tuple(stored[n].shape) != expected[n])
+    if missing or extra or wrong:
+        parts = ([f"missing parameters {missing}"] if missing else []) + \
+                ([f"unexpected parameters {extra}"] if extra else []) + \
+                ([f"wrong shapes: {', '.join(wrong)}"] if wrong else [])
+        raise CheckpointError(f"{path}: weights do not fit {config['arch']}: " + "; ".join(parts))
 
     state = {}
     for key, value in entries.items():

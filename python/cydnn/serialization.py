@@ -134,17 +134,8 @@ def _read_archive(path):
     entries = {}
     with npz:
         for key in npz.files:
-            try:
-                entries[key] = npz[key]
-            except ValueError as e:
-                if "allow_pickle" in str(e):
-                    raise CheckpointError(f"{path}: entry {key!r} holds pickled Python objects, "
-                                          f"which a checkpoint never contains; refusing to load it") from e
-                raise CheckpointError(f"{path}: entry {key!r} is corrupt ({e})") from e
-            except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
-                raise CheckpointError(f"{path}: entry {key!r} is truncated or corrupt ({e})") from e
-            if not isinstance(entries[key], np.ndarray):    # np.load gives raw bytes for a non-.npy member
-                raise CheckpointError(f"{path}: entry {key!r} is not a numpy array (.npy) member")
+            entries[key] = read_npz_member(npz, key, path, CheckpointError, "entry",
+                                           "which a checkpoint never contains; refusing to load it")
     return entries
 
 
@@ -233,6 +224,22 @@ def load_metadata(path):
     entries = _read_archive(path)
     _check_format(entries, path)
     return _json_entry(entries, "metadata", path)
+
+
+def read_npz_member(npz, key, path, error, what, pickled_note):
+    """``npz[key]`` (allow_pickle off), or ``error`` naming the file, the member and what is wrong:
+    pickled objects (never unpickled), truncation or corruption, a member that is not a .npy array."""
+    try:
+        value = npz[key]
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            raise error(f"{path}: {what} {key!r} holds pickled Python objects, {pickled_note}") from e
+        raise error(f"{path}: {what} {key!r} is corrupt ({e})") from e
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
+        raise error(f"{path}: {what} {key!r} is truncated or corrupt ({e})") from e
+    if not isinstance(value, np.ndarray):    # np.load gives raw bytes for a non-.npy member
+        raise error(f"{path}: {what} {key!r} is not a numpy array (.npy) member")
+    return value
 
 
 def load(path, device="cpu"):

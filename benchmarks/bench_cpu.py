@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cydnn import datasets, models, nn, optim
+from cydnn import datasets, models, optim
 
 DEFAULT_MNIST = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
 

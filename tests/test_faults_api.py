@@ -4,7 +4,6 @@ import threading
 import numpy as np
 import pytest
 
-import cydnn
 from cydnn import models, optim
 
 gpu = pytest.mark.gpu

@@ -11,14 +11,7 @@ The module has four parts, each usable alone:
    The cache keeps the *decompressed* IDX file under
    ``<root>/<dataset-name>/<name>``, so a later load reads no gzip.  A file only
    ever gets its final name after it was verified (written to a temporary
-   file in the same folder, fsync'ed, then moved with ``os.replace``, which is
-   atomic).  Each download is bounded: a per-read timeout (:data:`TIMEOUT`), a
-   whole-file deadline (:data:`DEADLINE`), at most :data:`MAX_REDIRECTS`
-   redirects, and a byte bound on both the .gz and what it inflates to.
-   Processes sharing a cache folder take turns per file (an advisory lock,
-   ``.<name>.lock``); leftovers of a killed download are removed by the next
-   one and never accepted.  A cache folder that cannot be written raises
-   :class:`DatasetCacheError`.
+   file in the same folder, then moved with ``os.replace``, which is atomic).
 
 3. **IDX parsing.**  :func:`read_idx` turns IDX bytes into a numpy array and
    explains exactly what is wrong when the bytes are not a valid IDX file.
@@ -39,12 +32,8 @@ Typical use::
 """
 from __future__ import annotations
 
-import contextlib
-import errno
-import glob
 import gzip
 import hashlib
-import math
 import operator
 import os
 import sys
@@ -59,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import requests
+import urllib3
 from tqdm import tqdm
 
 import cydnn.ops
@@ -76,18 +66,19 @@ __all__ = [
     "read_idx",
 ]
 
-#: Seconds to wait for a mirror to connect, and then for each read (a stalled
-#: connection fails after this long).  ``$CYDNN_DOWNLOAD_TIMEOUT`` overrides it.
+#: Seconds to wait for a mirror to connect, and then between two chunks of data.
 TIMEOUT = 30
 
-#: Seconds one file may take from one mirror, however the bytes arrive (a server
-#: that trickles a byte every few seconds never trips TIMEOUT; this stops it).
-#: ``$CYDNN_DOWNLOAD_DEADLINE`` overrides it.  A download gives up at most
-#: ``min(TIMEOUT, DEADLINE)`` seconds after the deadline passed.
-DEADLINE = 600
+#: Seconds one whole file may take to download from one mirror (a server that
+#: trickles a byte a second never trips TIMEOUT, but trips this).
+DOWNLOAD_DEADLINE = 600
 
-#: Redirects followed for one file before giving up (a redirect loop).
-MAX_REDIRECTS = 10
+#: Largest IDX file accepted, in bytes (a header that declares more is refused
+#: before anything is allocated; MNIST's largest file is 47 MB).
+MAX_IDX_BYTES = 1 << 30
+
+#: Seconds to wait for another process that is filling the same cache file.
+LOCK_TIMEOUT = 900
 
 _CHUNK = 1 << 20  # bytes read or written at a time (1 MiB)
 
@@ -108,83 +99,22 @@ class DatasetDownloadError(RuntimeError):
         super().__init__("\n".join(lines))
 
 
-class DatasetCacheError(OSError):
-    """The dataset cache folder cannot be used: not creatable, read-only, full, ...
-
-    A local problem, not a mirror's: raised at once, without trying the other
-    mirrors.  ``errno`` is the operating system's error number (``errno.ENOSPC``,
-    ``errno.EACCES``, ``errno.EROFS``, ...); the message names the folder and
-    what to do.  Nothing with the final file name is left behind.
-    """
-
-    def __init__(self, message, errno_=None, path=None):
-        super().__init__(errno_, message)
-        self.path = None if path is None else os.fspath(path)
-
-    def __str__(self):
-        return self.strerror
-
-
 class _MirrorFailed(Exception):
     """One mirror could not provide one file; the message says why."""
 
 
-def _cache_error(action, path, error):
-    """A DatasetCacheError for an OSError met while ``action`` on ``path`` (in the cache)."""
-    hint = {errno.ENOSPC: "free some space or choose another folder",
-            errno.EDQUOT: "free some space or choose another folder",
-            errno.EROFS: "the file system is read-only: choose a writable folder",
-            errno.EACCES: "no permission: choose a writable folder",
-            errno.EPERM: "no permission: choose a writable folder"}.get(error.errno, "choose another folder")
-    return DatasetCacheError(
-        f"cannot use the dataset cache: {action} {os.fspath(path)!r} failed: "
-        f"{error.strerror or error} [errno {error.errno}]; {hint} "
-        f"(root=, --data-dir or $CYDNN_DATA)", error.errno, path)
+class DatasetCacheError(OSError):
+    """The cache folder cannot be written (read-only, disk full, ...): no mirror can fix that.
 
+    ``errno`` is the system's error number; the message names the folder and the file.
+    No partial file is left behind.
+    """
 
-class _Sink:
-    """A file opened for writing in the cache: any OSError becomes a DatasetCacheError."""
-
-    def __init__(self, path):
-        self.path = path
-        self.written = 0
-        try:
-            self._file = open(path, "wb")
-        except OSError as e:
-            raise _cache_error("opening", path, e) from None
-
-    def write(self, data):
-        try:
-            self._file.write(data)
-        except OSError as e:
-            raise _cache_error(f"writing ({self.written} bytes written so far)", self.path, e) from None
-        self.written += len(data)
-
-    def close(self, sync=False):
-        """Flush (and fsync when ``sync``) and close; errors are cache errors."""
-        if self._file.closed:
-            return
-        try:
-            self._file.flush()
-            if sync:
-                os.fsync(self._file.fileno())
-        except OSError as e:
-            self._file.close()
-            raise _cache_error(f"writing ({self.written} bytes)", self.path, e) from None
-        self._file.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        if kind is None:
-            self.close()
-        else:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-        return False
+    def __init__(self, path, error):
+        path = os.fspath(path)
+        super().__init__(error.errno, f"cannot write into the dataset cache folder "
+                                      f"{os.path.dirname(path) or '.'!r}: {error.strerror or error} "
+                                      f"(while writing {os.path.basename(path)})")
 
 
 # --------------------------------------------------------------------------
@@ -208,13 +138,7 @@ class _FileInfo:
 
 def _idx_size(*dims):
     """Bytes in a uint8 IDX file of these dimensions: 4-byte magic, 4 bytes per dim, payload."""
-    return 4 + 4 * len(dims) + math.prod(dims)
-
-
-def _max_gz_size(info):
-    """The most bytes a .gz of this file may have: its published size, or what
-    deflate's worst case (stored blocks) adds to the data, whichever is larger."""
-    return max(info.gz_size or 0, info.idx_size + info.idx_size // 1000 + 4096)
+    return 4 + 4 * len(dims) + int(np.prod(dims))
 
 
 # --------------------------------------------------------------------------
@@ -239,49 +163,18 @@ def read_idx(source):
     So the "magic number" of a label file is 0x00000801 and of an image file
     0x00000803.  Returns an array of shape ``(N,)`` or ``(N, rows, cols)``.
     Raises ``ValueError`` naming what is wrong when the bytes are not such a file.
-    The header is checked against the file's size before the data is read, so
-    a header that declares absurd dimensions costs nothing.
     """
     if isinstance(source, (bytes, bytearray, memoryview)):
         what = "IDX data"
         data = np.frombuffer(source, dtype=np.uint8)
-        head, total = data[:16].tobytes(), data.size
     else:
         what = f"IDX file {os.fspath(source)!r}"
-        data = None
-        with open(source, "rb") as f:
-            head = f.read(16)
-            total = os.fstat(f.fileno()).st_size
+        data = np.fromfile(source, dtype=np.uint8)
 
-    header_size, dims = _parse_idx_header(head, total, what)
-    expected = math.prod(dims)
-    payload = total - header_size
-    if payload != expected:
-        raise ValueError(
-            f"{what}: dimensions {dims} need {expected} data bytes after the header, "
-            f"but {payload} follow ({'truncated' if payload < expected else 'trailing bytes'})")
-
-    if data is None:
-        with open(source, "rb") as f:
-            f.seek(header_size)
-            array = np.fromfile(f, dtype=np.uint8, count=expected)
-        if array.size != expected:  # the file shrank while we read it
-            raise ValueError(f"{what}: truncated while reading ({array.size} of {expected} data bytes)")
-        return array.reshape(dims)
-    array = data[header_size:].reshape(dims)
-    # np.frombuffer gives a read-only view of the caller's bytes: hand back our own copy.
-    return array if array.flags.writeable else array.copy()
-
-
-def _parse_idx_header(head, total, what):
-    """(header size, dims) from the first bytes ``head`` of an IDX file of ``total`` bytes.
-
-    Raises ValueError naming what is wrong (magic, type, rank, short header).
-    """
-    if total < 4:
-        raise ValueError(f"{what}: only {total} bytes, too short for the 4-byte IDX magic number")
-    magic = int.from_bytes(head[:4], "big")
-    zeros, dtype_code, rank = int.from_bytes(head[:2], "big"), head[2], head[3]
+    if data.size < 4:
+        raise ValueError(f"{what}: only {data.size} bytes, too short for the 4-byte IDX magic number")
+    magic = int.from_bytes(data[:4].tobytes(), "big")
+    zeros, dtype_code, rank = int.from_bytes(data[:2].tobytes(), "big"), int(data[2]), int(data[3])
     if zeros != 0:
         raise ValueError(
             f"{what}: bad magic number 0x{magic:08X}: an IDX file starts with two zero bytes "
@@ -294,14 +187,48 @@ def _parse_idx_header(head, total, what):
         raise ValueError(
             f"{what}: rank {rank} (magic number 0x{magic:08X}) is not supported: expected "
             f"1 (labels, 0x00000801) or 3 (images, 0x00000803)")
+
     header_size = 4 + 4 * rank
-    if total < header_size:
+    if data.size < header_size:
         raise ValueError(
-            f"{what}: {total} bytes, too short for the {header_size}-byte header of a rank-{rank} file")
-    dims = tuple(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(rank))
+            f"{what}: {data.size} bytes, too short for the {header_size}-byte header of a rank-{rank} file")
+    dims = tuple(int(d) for d in data[4:header_size].view(">u4"))
     if rank == 3 and (dims[1] == 0 or dims[2] == 0):
         raise ValueError(f"{what}: images of size {dims[1]}x{dims[2]}: rows and columns must be > 0")
-    return header_size, dims
+
+    expected = _check_idx_dims(dims, what)
+    payload = data.size - header_size
+    if payload != expected:
+        raise ValueError(
+            f"{what}: dimensions {dims} need {expected} data bytes after the header, "
+            f"but {payload} follow ({'truncated' if payload < expected else 'trailing bytes'})")
+
+    array = data[header_size:].reshape(dims)
+    # np.frombuffer gives a read-only view of the caller's bytes: hand back our own copy.
+    return array if array.flags.writeable else array.copy()
+
+
+def _check_idx_dims(dims, what):
+    """Bytes of data that IDX dimensions ``dims`` declare; refuses more than MAX_IDX_BYTES."""
+    expected = 1
+    for d in dims:
+        expected *= int(d)          # Python ints: no overflow
+    if expected > MAX_IDX_BYTES:
+        raise ValueError(f"{what}: header declares dimensions {tuple(dims)} = {expected} bytes, more than "
+                         f"the {MAX_IDX_BYTES}-byte limit (MAX_IDX_BYTES): refusing it")
+    return expected
+
+
+def _check_idx_header(head, what):
+    """Check the first bytes of an IDX stream (magic, rank, declared size) before reading the rest."""
+    if len(head) < 4 or head[:2] != b"\0\0" or head[2] != _IDX_UBYTE or head[3] not in (1, 3):
+        raise ValueError(f"{what}: not an unsigned-byte IDX file of rank 1 or 3 "
+                         f"(it starts with {bytes(head[:4])!r})")
+    rank = head[3]
+    if len(head) < 4 + 4 * rank:
+        raise ValueError(f"{what}: too short for the header of a rank-{rank} IDX file")
+    dims = [int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(rank)]
+    return _check_idx_dims(dims, what)
 
 
 def _check_pair(images, labels, num_classes, what="dataset"):
@@ -387,185 +314,138 @@ def _progress(total, desc):
                 file=sys.stderr, disable=None, leave=False)
 
 
-def _seconds(name, default):
-    """A positive number of seconds from the environment variable ``name``, else ``default``."""
-    value = os.environ.get(name)
-    if not value:
-        return float(default)
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"${name} must be a positive number of seconds, got {value!r}")
-    return seconds
+def _download_http(url, dest, deadline=None):
+    """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure.
 
-
-def _limits():
-    """(per-read timeout, whole-file deadline) in seconds, read at each download."""
-    return _seconds("CYDNN_DOWNLOAD_TIMEOUT", TIMEOUT), _seconds("CYDNN_DOWNLOAD_DEADLINE", DEADLINE)
-
-
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _not_gzip_reason(head, content_type=None):
-    """Why bytes starting with ``head`` are not a gzip file (an HTML page, most often)."""
-    text = head[:80].decode("latin-1")
-    shown = "".join(c if c.isprintable() else " " for c in text).strip()
-    html = (content_type is not None and "html" in content_type.lower()) or \
-        head.lstrip()[:1] == b"<" or b"<html" in head[:512].lower()
-    kind = "an HTML page (an error or login page?)" if html else "not a gzip file"
-    ctype = f", Content-Type {content_type}" if content_type else ""
-    return f"{kind}: the data starts with {shown!r}{ctype}, not the gzip magic bytes 1F 8B"
-
-
-def _download_http(url, sink, max_bytes):
-    """Stream ``url`` into ``sink`` (a _Sink); raise _MirrorFailed saying why on any failure.
-
-    Bounded in every way a server can misbehave: connection and per-read
-    timeout, a whole-file deadline, MAX_REDIRECTS, ``max_bytes`` (announced or
-    received), the gzip magic in the first bytes (an HTML page is refused
-    before it is read), and the announced length (a short body is refused).
+    ``deadline`` (seconds, default DOWNLOAD_DEADLINE) bounds the whole file, whatever
+    the server does; TIMEOUT bounds each wait for the next bytes.  The deadline is
+    checked after each read, so a download stops at most min(TIMEOUT, deadline)
+    seconds after it.
     """
-    import urllib3
-
-    timeout, deadline = _limits()
-    read_timeout = min(timeout, deadline)
-    start = time.monotonic()
+    limit = DOWNLOAD_DEADLINE if deadline is None else deadline
+    stop_at = time.monotonic() + limit
     received, total = 0, None
-    session = requests.Session()
-    session.max_redirects = MAX_REDIRECTS
     try:
-        with session, session.get(url, stream=True, timeout=(read_timeout, read_timeout)) as response:
+        with requests.get(url, stream=True, timeout=(TIMEOUT, min(TIMEOUT, limit))) as response:
             if response.status_code != 200:
                 raise _MirrorFailed(f"HTTP {response.status_code} {response.reason} for {url}")
+            ctype = response.headers.get("Content-Type", "")
+            if ctype.split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+                raise _MirrorFailed(f"{url} answered an HTML page (Content-Type {ctype!r}), "
+                                    f"not a .gz file: probably an error or login page")
             length = response.headers.get("Content-Length")
-            encoded = response.headers.get("Content-Encoding", "identity").lower() not in ("", "identity")
-            total = int(length) if length and length.isdigit() and not encoded else None
-            if total is not None and total > max_bytes:
-                raise _MirrorFailed(f"the server announces {total} bytes, more than the {max_bytes} "
-                                    f"this file can have; not downloading it")
+            total = int(length) if length and length.isdigit() else None
             raw = response.raw
-            read = raw.read1 if hasattr(raw, "read1") else (lambda n, decode_content: raw.read(
-                min(n, 1 << 16), decode_content=decode_content))
-            with _progress(total, url.rsplit("/", 1)[-1]) as bar:
+            with open(dest, "wb") as out, _progress(total, url.rsplit("/", 1)[-1]) as bar:
                 while True:
-                    chunk = read(_CHUNK, decode_content=True)
+                    if time.monotonic() > stop_at:
+                        raise _MirrorFailed(f"download deadline of {limit} s passed after {received} "
+                                            f"of {total if total is not None else '?'} bytes from {url} "
+                                            f"(server too slow; see DOWNLOAD_DEADLINE)")
+                    chunk = raw.read1(_CHUNK)       # returns as soon as some bytes came
                     if not chunk:
                         break
-                    if received == 0 and not chunk.startswith(_GZIP_MAGIC[:len(chunk)]):
-                        raise _MirrorFailed(_not_gzip_reason(chunk, response.headers.get("Content-Type")))
+                    try:
+                        out.write(chunk)
+                    except OSError as e:
+                        raise DatasetCacheError(dest, e) from None
                     received += len(chunk)
-                    if received > max_bytes:
-                        raise _MirrorFailed(f"more than {max_bytes} bytes received, more than this "
-                                            f"file can have; stopped")
-                    sink.write(chunk)
                     bar.update(len(chunk))
-                    if time.monotonic() - start > deadline:
-                        raise _MirrorFailed(
-                            f"too slow: {received} bytes in {time.monotonic() - start:.1f} s, past the "
-                            f"whole-file deadline of {deadline:g} s ($CYDNN_DOWNLOAD_DEADLINE)")
-    except (_MirrorFailed, DatasetCacheError):
+    except _MirrorFailed:
         raise
-    except requests.TooManyRedirects:
-        raise _MirrorFailed(f"redirect loop: more than {MAX_REDIRECTS} redirects for {url}") from None
     except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as e:
-        # What requests / urllib3 raise when the connection closes before the announced length.
+        # What is raised when the connection closes before the announced length.
         raise _MirrorFailed(f"truncated download: the connection closed after {received} "
-                            f"of {total if total is not None else '?'} bytes ({e})") from None
+                            f"of {total if total is not None else '?'} bytes from {url} ({e})") from None
     except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as e:
-        raise _MirrorFailed(f"timed out: no data for {read_timeout:g} s after {received} bytes "
-                            f"($CYDNN_DOWNLOAD_TIMEOUT) ({e})") from None
+        raise _MirrorFailed(f"timed out: no data for {min(TIMEOUT, limit)} s after {received} bytes "
+                            f"from {url} ({e})") from None
+    except requests.TooManyRedirects as e:
+        raise _MirrorFailed(f"too many redirects (a redirect loop?) for {url} ({e})") from None
     except requests.ConnectionError as e:
         raise _MirrorFailed(f"connection failed ({e})") from None
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+    except requests.RequestException as e:
         raise _MirrorFailed(f"request failed ({type(e).__name__}: {e})") from None
+    except urllib3.exceptions.HTTPError as e:
+        raise _MirrorFailed(f"download failed after {received} bytes from {url} "
+                            f"({type(e).__name__}: {e})") from None
     if total is not None and received != total:  # in case the HTTP layer did not notice
         raise _MirrorFailed(f"truncated download: got {received} of {total} bytes from {url}")
 
 
-def _copy_local(path, sink, max_bytes):
-    """Copy a file from a local mirror into ``sink``; raise _MirrorFailed if that is not possible."""
+def _copy_local(path, dest):
+    """Copy a file from a local mirror into ``dest``; raise _MirrorFailed if that is not possible."""
     try:
-        src = open(path, "rb")
+        with open(path, "rb") as src, open(dest, "wb") as out, \
+                _progress(os.path.getsize(path), os.path.basename(path)) as bar:
+            for chunk in iter(lambda: src.read(_CHUNK), b""):
+                try:
+                    out.write(chunk)
+                except OSError as e:
+                    raise DatasetCacheError(dest, e) from None
+                bar.update(len(chunk))
+    except DatasetCacheError:
+        raise
     except FileNotFoundError:
         raise _MirrorFailed(f"file not found: {path}") from None
     except OSError as e:
         raise _MirrorFailed(f"cannot read {path} ({e})") from None
-    with src:
-        try:
-            size = os.fstat(src.fileno()).st_size
-            if size > max_bytes:
-                raise _MirrorFailed(f"{path} has {size} bytes, more than the {max_bytes} this file can have")
-            with _progress(size, os.path.basename(path)) as bar:
-                first = True
-                for chunk in iter(lambda: src.read(_CHUNK), b""):
-                    if first and not chunk.startswith(_GZIP_MAGIC[:len(chunk)]):
-                        raise _MirrorFailed(_not_gzip_reason(chunk))
-                    first = False
-                    sink.write(chunk)
-                    bar.update(len(chunk))
-        except OSError as e:
-            if isinstance(e, DatasetCacheError):
-                raise
-            raise _MirrorFailed(f"cannot read {path} ({e})") from None
 
 
-def _fetch_gz(mirror, gz_name, sink, max_bytes):
-    """Put ``<mirror>/<gz_name>`` into ``sink``, whatever kind of mirror it is."""
+def _fetch_gz(mirror, gz_name, dest):
+    """Put ``<mirror>/<gz_name>`` into the file ``dest``, whatever kind of mirror it is."""
     if _is_url(mirror):
         parts = urllib.parse.urlsplit(mirror)
         if parts.scheme.lower() == "file":
             directory = urllib.request.url2pathname(parts.path)
-            _copy_local(os.path.join(directory, gz_name), sink, max_bytes)
+            _copy_local(os.path.join(directory, gz_name), dest)
         else:
-            _download_http(mirror.rstrip("/") + "/" + gz_name, sink, max_bytes)
+            _download_http(mirror.rstrip("/") + "/" + gz_name, dest)
     else:
-        _copy_local(os.path.join(os.path.expanduser(mirror), gz_name), sink, max_bytes)
+        _copy_local(os.path.join(os.path.expanduser(mirror), gz_name), dest)
 
 
 def _gunzip(src, dest, max_size):
-    """Decompress ``src`` into ``dest`` (fsync'ed) and return the SHA-256 of what was written.
+    """Decompress ``src`` into ``dest`` and return the SHA-256 of what was written.
 
-    Stops with _MirrorFailed if the gzip stream is invalid or truncated, if
-    the IDX header it starts with declares more (or fewer) than ``max_size``
-    bytes (the known size of the file: refused before anything is allocated),
-    or if the data grows past ``max_size`` (a gzip bomb stops after one chunk
-    past the bound: memory use is one chunk, whatever the stream claims).
+    Stops with _MirrorFailed if the gzip stream is invalid or truncated, or
+    grows past ``max_size`` bytes (the known size of the file: no need to
+    write a larger one to learn that it is wrong).
     """
     digest = hashlib.sha256()
     written = 0
+    with open(src, "rb") as f:
+        head = f.read(64)
+    if head[:2] != b"\x1f\x8b":
+        if head.lstrip()[:1] == b"<":
+            raise _MirrorFailed(f"not a gzip file but an HTML/XML page (it starts with {head[:40]!r}): "
+                                f"probably an error page served with HTTP 200")
+        raise _MirrorFailed(f"not a gzip file (it starts with {head[:16]!r})")
     try:
-        with gzip.open(src, "rb") as f, _Sink(dest) as out:
+        with gzip.open(src, "rb") as f, open(dest, "wb") as out:
+            first = True
             for chunk in iter(lambda: f.read(_CHUNK), b""):
-                if written == 0:
-                    _check_idx_head(chunk, max_size)
+                if first:
+                    first = False
+                    try:
+                        _check_idx_header(chunk[:16], "decompressed data")
+                    except ValueError as e:
+                        raise _MirrorFailed(str(e)) from None
                 written += len(chunk)
                 if written > max_size:
                     raise _MirrorFailed(
-                        f"decompressed data is larger than the expected {max_size} bytes "
-                        f"(a gzip bomb, or the wrong file); stopped after {written} bytes")
+                        f"decompressed data is larger than the expected {max_size} bytes: "
+                        f"refusing it (a gzip bomb or the wrong file)")
                 digest.update(chunk)
-                out.write(chunk)
-            out.close(sync=True)
+                try:
+                    out.write(chunk)
+                except OSError as e:
+                    raise DatasetCacheError(dest, e) from None
     except EOFError:
         raise _MirrorFailed("truncated gzip: the compressed stream ends before its end marker") from None
     except (gzip.BadGzipFile, zlib.error) as e:
         raise _MirrorFailed(f"corrupt gzip ({e})") from None
     return digest.hexdigest()
-
-
-def _check_idx_head(head, size):
-    """Refuse an IDX header that is invalid or declares a file of another size than ``size``."""
-    try:
-        header_size, dims = _parse_idx_header(head, max(len(head), 16), "the decompressed data")
-    except ValueError as e:
-        raise _MirrorFailed(f"not an IDX file: {e}") from None
-    declared = header_size + math.prod(dims)
-    if declared != size:
-        raise _MirrorFailed(f"the IDX header declares dimensions {dims}, a file of {declared} bytes, "
-                            f"but this file has {size} bytes; refused before reading it")
 
 
 def _fetch_from_mirror(mirror, filename, info, folder):
@@ -577,11 +457,9 @@ def _fetch_from_mirror(mirror, filename, info, folder):
     to its final name.  Both temporaries are removed whatever happens.
     """
     gz_tmp = _temp_file(folder, filename + ".gz")
-    idx_tmp = None
+    idx_tmp = _temp_file(folder, filename)
     try:
-        idx_tmp = _temp_file(folder, filename)
-        with _Sink(gz_tmp) as sink:
-            _fetch_gz(mirror, filename + ".gz", sink, _max_gz_size(info))
+        _fetch_gz(mirror, filename + ".gz", gz_tmp)
 
         gz_size, gz_sha = os.path.getsize(gz_tmp), _sha256_file(gz_tmp)
         gz_ok = info.gz_sha256 is not None and (gz_size, gz_sha) == (info.gz_size, info.gz_sha256)
@@ -596,29 +474,12 @@ def _fetch_from_mirror(mirror, filename, info, folder):
                            f"{info.gz_size} bytes with SHA-256 {info.gz_sha256}")
             raise _MirrorFailed(reason)
 
-        try:
-            os.replace(idx_tmp, folder / filename)  # atomic: the final name appears complete or not at all
-        except OSError as e:
-            raise _cache_error("renaming into", folder / filename, e) from None
-        _fsync_dir(folder)
+        with open(idx_tmp, "rb+") as f:   # on disk before it gets its name
+            os.fsync(f.fileno())
+        os.replace(idx_tmp, folder / filename)  # atomic: the final name appears complete or not at all
     finally:
         for tmp in (gz_tmp, idx_tmp):
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(folder):
-    """Make a rename in ``folder`` durable (POSIX); best effort."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+            tmp.unlink(missing_ok=True)
 
 
 def _temp_file(folder, name):
@@ -626,90 +487,79 @@ def _temp_file(folder, name):
     try:
         fd, path = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
     except OSError as e:
-        raise _cache_error("creating a temporary file in", folder, e) from None
+        raise DatasetCacheError(os.path.join(folder, name), e) from None
     os.close(fd)
     return Path(path)
 
 
-def _leftovers(folder, filename):
-    """Temporary files of earlier downloads of ``filename`` (a killed process leaves them)."""
-    pattern = os.path.join(glob.escape(os.fspath(folder)), glob.escape(f".{filename}.") + "*.part")
-    return [Path(p) for p in glob.glob(pattern)]
+class _FolderLock:
+    """An exclusive ``flock`` on the cache folder itself: one process fills a folder at a time.
 
-
-try:
-    import fcntl
-except ImportError:  # not POSIX: no lock; the rename alone keeps readers safe
-    fcntl = None
-
-
-@contextlib.contextmanager
-def _file_lock(folder, filename, wait):
-    """Hold ``folder/.<filename>.lock`` (an advisory flock) for one download at a time.
-
-    Another process filling the same cache waits here; the lock file is removed
-    on release.  Raises DatasetCacheError after ``wait`` seconds without the lock.
+    Locking the folder (not a lock file) leaves nothing behind in the cache.
+    The kernel drops the lock when its holder dies (even by SIGKILL), so a
+    killed download never blocks the next run.
     """
-    if fcntl is None:
-        yield
-        return
-    path = folder / f".{filename}.lock"
-    start, said = time.monotonic(), False
-    while True:
+
+    def __init__(self, folder, timeout=None):
+        self.path = Path(folder)
+        self.timeout = LOCK_TIMEOUT if timeout is None else timeout
+        self.fd = None
+
+    def __enter__(self):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            import fcntl
+        except ImportError:       # no flock (Windows): unique temp names + os.replace still apply
+            return self
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
-            raise _cache_error("creating the lock file", path, e) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            waited = time.monotonic() - start
-            if waited > wait:
-                raise DatasetCacheError(
-                    f"another process has been downloading {filename} into {folder} for over "
-                    f"{wait:g} s (it holds {path}); try again later", errno.EBUSY, path) from None
-            if not said and waited > 2:
-                print(f"waiting for another process to finish downloading {filename} into {folder}",
-                      file=sys.stderr)
-                said = True
-            time.sleep(0.05)
-            continue
-        # The holder before us may have removed the file after we opened it: then
-        # our lock is on an orphan inode, and we must lock the new file instead.
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    try:
-        yield
-    finally:
-        try:
-            path.unlink()
-        except OSError:
-            pass
-        os.close(fd)
+            raise DatasetCacheError(self.path / ".lock", e) from None
+        stop_at = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > stop_at:
+                    os.close(self.fd)
+                    raise TimeoutError(f"another process has held the lock on {self.path} for more than "
+                                       f"{self.timeout} s (LOCK_TIMEOUT); is a download stuck?") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)     # closing releases the flock
+
+
+def _remove_leftovers(folder, filename):
+    """Delete ``.part`` files of ``filename`` left by a killed process (call with the lock held)."""
+    for leftover in Path(folder).glob(f".{filename}.*.part"):
+        leftover.unlink(missing_ok=True)
 
 
 def _download(dataset, filename, info, folder, mirrors):
     """Try each mirror in order; raise DatasetDownloadError listing every failure.
 
-    Called with the file's lock held: leftovers of killed downloads are removed first.
+    A cache folder that cannot be written raises DatasetCacheError at once.
     """
-    for leftover in _leftovers(folder, filename):
-        leftover.unlink(missing_ok=True)
-    failures = []
-    for mirror in mirrors:
-        try:
-            _fetch_from_mirror(mirror, filename, info, folder)
-            _verified.add(_verify_key(folder / filename))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatasetCacheError(folder / filename, e) from None
+    with _FolderLock(folder):
+        path = folder / filename
+        if path.exists() and _cached_file_ok(path, info):    # another process just filled it
             return
-        except _MirrorFailed as e:
-            failures.append((mirror, str(e)))
-    raise DatasetDownloadError(dataset, filename, failures)
+        _remove_leftovers(folder, filename)
+        failures = []
+        for mirror in mirrors:
+            try:
+                _fetch_from_mirror(mirror, filename, info, folder)
+                _verified.add(_verify_key(path))
+                return
+            except _MirrorFailed as e:
+                failures.append((mirror, str(e)))
+        raise DatasetDownloadError(dataset, filename, failures)
 
 
 # --------------------------------------------------------------------------
@@ -755,36 +605,19 @@ class IDXDataset:
         """Path of a verified cached IDX file, downloading it if needed (and allowed)."""
         path = self.folder / filename
         info = self.files[filename]
-        if path.exists() and _cached_file_ok(path, info):
-            return path                     # the common case: no lock, the final name is always complete
-        if not download and not path.exists():
-            raise self._not_cached(filename)
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise _cache_error("creating the folder", self.folder, e) from None
-        timeout, deadline = _limits()
-        # Another process may be filling this cache: wait for it, then look again.
-        with _file_lock(self.folder, filename, wait=len(self.mirrors) * (deadline + timeout) + 60):
-            if path.exists():
-                if _cached_file_ok(path, info):
-                    return path
-                try:
-                    path.unlink()
-                except OSError as e:
-                    raise _cache_error("removing the corrupt file", path, e) from None
-                warnings.warn(f"{path} failed its SHA-256 check and was removed"
-                              + ("; downloading it again" if download else ""), stacklevel=3)
-            if not download:
-                raise self._not_cached(filename)
-            _download(type(self).__name__, filename, info, self.folder, self.mirrors)
+        if path.exists():
+            if _cached_file_ok(path, info):
+                return path
+            path.unlink()
+            warnings.warn(f"{path} failed its SHA-256 check and was removed"
+                          + ("; downloading it again" if download else ""), stacklevel=3)
+        if not download:
+            raise FileNotFoundError(
+                f"{type(self).__name__}: {filename} is not in {self.folder}. "
+                f"Pass download=True to fetch it (mirrors: {', '.join(map(str, self.mirrors))}), "
+                f"or point root= or $CYDNN_DATA at the folder that holds {self.name}/{filename}.")
+        _download(type(self).__name__, filename, info, self.folder, self.mirrors)
         return path
-
-    def _not_cached(self, filename):
-        return FileNotFoundError(
-            f"{type(self).__name__}: {filename} is not in {self.folder}. "
-            f"Pass download=True to fetch it (mirrors: {', '.join(map(str, self.mirrors))}), "
-            f"or point root= or $CYDNN_DATA at the folder that holds {self.name}/{filename}.")
 
     def __len__(self):
         return len(self.labels)

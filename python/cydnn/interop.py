@@ -33,6 +33,8 @@ import zipfile
 
 import numpy as np
 
+from .serialization import read_npz_member
+
 __all__ = ["WeightsError", "load_pytorch_weights", "export_weights", "FORMATS"]
 
 #: The forms :func:`export_weights` writes (and :func:`load_pytorch_weights` reads).
@@ -76,18 +78,8 @@ def _read_npz(path):
                                f"model.state_dict().items()}}) instead")
         arrays = {}
         for name in names:
-            try:
-                value = npz[name]
-            except ValueError as e:
-                if "allow_pickle" in str(e):
-                    raise WeightsError(f"{path}: parameter {name!r} is an object array (pickled Python "
-                                       f"objects), which is never loaded; save numeric arrays") from e
-                raise WeightsError(f"{path}: parameter {name!r} is corrupt ({e})") from e
-            except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
-                raise WeightsError(f"{path}: parameter {name!r} is truncated or corrupt ({e})") from e
-            if not isinstance(value, np.ndarray):
-                raise WeightsError(f"{path}: member {name!r} is not a numpy array (.npy)")
-            arrays[name] = value
+            arrays[name] = read_npz_member(npz, name, path, WeightsError, "parameter",
+                                           "an object array, which is never loaded; save numeric arrays")
     return arrays
 
 

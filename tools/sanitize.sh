@@ -10,7 +10,11 @@
 # sanitizer tool (2026-11-22, compute-sanitizer of CUDA 13.0, with no sanitizer error
 # reported) its max_pool family leaves the two arrays of each forward+backward call live
 # (requested_bytes +17,280 per call, exactly y and dx; two driver mallocs per call) while
-# the same test, same environment, passes without the sanitizer; the cause was not found.
+# the same test, same environment, passes without the sanitizer.  What keeps them alive was
+# traced (gc.get_referrers under synccheck): a Python frame object of ops.cuda._pool_backward
+# that outlives the call and holds its locals (cache, y, dx) -- a reference held in the
+# interpreter, not a block lost by the pool (num_frees simply does not move).  Why running
+# under compute-sanitizer makes the interpreter keep that frame was not found.
 # Prints one line per tool: exit status, the sanitizer's error count, seconds.
 # The failure-injection and out-of-memory tests are left out on purpose: their
 # refused API calls are what memcheck reports as "errors".

@@ -5,6 +5,7 @@ the GPU result must be within a relative error (||gpu - ref|| / ||ref||) of
 1e-5.  The pool poisons every new block with NaN, so an output element that
 an op forgot to write fails the test.  TF32 is off (the default).
 """
+import gc
 import os
 
 import numpy as np
@@ -335,18 +336,22 @@ def test_ten_thousand_calls_leave_memory_where_it_was(rng):
     asked for (a leaked array shows), the bytes reserved from the driver and the driver
     mallocs (a pool that grows shows), and the plan count (a descriptor made per call
     shows).  Under compute-sanitizer (CYDNN_SANITIZE=1, tools/sanitize.sh) it makes 200
-    calls per family instead of 10,000: the same assertions, in minutes not hours."""
+    calls per family instead of 10,000: the same assertions, in minutes not hours.  Both
+    measurements follow a full garbage collection, so "live" means reachable: an array held
+    only by a reference cycle (a frame kept by a traceback, say) is not counted."""
     cydnn.cuda.set_debug_poison(False)
     calls = 200 if os.environ.get("CYDNN_SANITIZE") else 10_000
     keys = ("requested_bytes", "reserved_bytes", "num_device_mallocs")
     for name, call in _op_pairs(rng).items():
         call()  # warm-up: plans built, workspace sized, pool blocks cached
         cydnn.cuda.synchronize()
+        gc.collect()
         start = {k: cydnn.cuda.memory_stats()[k] for k in keys}
         plans = cydnn._C.plan_count()
         for _ in range(calls):
             call()
         cydnn.cuda.synchronize()
+        gc.collect()
         end = {k: cydnn.cuda.memory_stats()[k] for k in keys}
         assert end == start, f"{name}: memory moved over {calls} calls: {start} -> {end}"
         assert cydnn._C.plan_count() == plans, f"{name}: new descriptors were made after warm-up"

@@ -314,13 +314,15 @@ def _progress(total, desc):
                 file=sys.stderr, disable=None, leave=False)
 
 
-def _download_http(url, dest, deadline=None):
+def _download_http(url, dest, deadline=None, max_bytes=None):
     """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure.
 
     ``deadline`` (seconds, default DOWNLOAD_DEADLINE) bounds the whole file, whatever
     the server does; TIMEOUT bounds each wait for the next bytes.  The deadline is
     checked after each read, so a download stops at most min(TIMEOUT, deadline)
-    seconds after it.
+    seconds after it.  ``max_bytes`` bounds the body: a larger announced length is
+    refused before reading, a longer stream as soon as it passes the bound (a
+    server that streams without end never fills the disk).
     """
     limit = DOWNLOAD_DEADLINE if deadline is None else deadline
     stop_at = time.monotonic() + limit
@@ -335,6 +337,9 @@ def _download_http(url, dest, deadline=None):
                                     f"not a .gz file: probably an error or login page")
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+            if max_bytes is not None and total is not None and total > max_bytes:
+                raise _MirrorFailed(f"{url} announces {total} bytes, more than the {max_bytes} this file "
+                                    f"can have; not downloading it")
             raw = response.raw
             with open(dest, "wb") as out, _progress(total, url.rsplit("/", 1)[-1]) as bar:
                 while True:
@@ -345,6 +350,9 @@ def _download_http(url, dest, deadline=None):
                     chunk = raw.read1(_CHUNK)       # returns as soon as some bytes came
                     if not chunk:
                         break
+                    if max_bytes is not None and received + len(chunk) > max_bytes:
+                        raise _MirrorFailed(f"more than {max_bytes} bytes received from {url}, more than "
+                                            f"this file can have; stopped")
                     try:
                         out.write(chunk)
                     except OSError as e:
@@ -373,9 +381,12 @@ def _download_http(url, dest, deadline=None):
         raise _MirrorFailed(f"truncated download: got {received} of {total} bytes from {url}")
 
 
-def _copy_local(path, dest):
+def _copy_local(path, dest, max_bytes=None):
     """Copy a file from a local mirror into ``dest``; raise _MirrorFailed if that is not possible."""
     try:
+        if max_bytes is not None and os.path.getsize(path) > max_bytes:
+            raise _MirrorFailed(f"{path} has {os.path.getsize(path)} bytes, more than the {max_bytes} "
+                                f"this file can have")
         with open(path, "rb") as src, open(dest, "wb") as out, \
                 _progress(os.path.getsize(path), os.path.basename(path)) as bar:
             for chunk in iter(lambda: src.read(_CHUNK), b""):
@@ -384,7 +395,7 @@ def _copy_local(path, dest):
                 except OSError as e:
                     raise DatasetCacheError(dest, e) from None
                 bar.update(len(chunk))
-    except DatasetCacheError:
+    except (DatasetCacheError, _MirrorFailed):
         raise
     except FileNotFoundError:
         raise _MirrorFailed(f"file not found: {path}") from None
@@ -392,17 +403,24 @@ def _copy_local(path, dest):
         raise _MirrorFailed(f"cannot read {path} ({e})") from None
 
 
-def _fetch_gz(mirror, gz_name, dest):
-    """Put ``<mirror>/<gz_name>`` into the file ``dest``, whatever kind of mirror it is."""
+def _fetch_gz(mirror, gz_name, dest, max_bytes=None):
+    """Put ``<mirror>/<gz_name>`` (at most ``max_bytes``) into the file ``dest``, whatever kind of mirror it is."""
     if _is_url(mirror):
         parts = urllib.parse.urlsplit(mirror)
         if parts.scheme.lower() == "file":
             directory = urllib.request.url2pathname(parts.path)
-            _copy_local(os.path.join(directory, gz_name), dest)
+            _copy_local(os.path.join(directory, gz_name), dest, max_bytes)
         else:
-            _download_http(mirror.rstrip("/") + "/" + gz_name, dest)
+            _download_http(mirror.rstrip("/") + "/" + gz_name, dest, max_bytes=max_bytes)
     else:
-        _copy_local(os.path.join(os.path.expanduser(mirror), gz_name), dest)
+        _copy_local(os.path.join(os.path.expanduser(mirror), gz_name), dest, max_bytes)
+
+
+def _max_gz_size(info):
+    """The most bytes a .gz of this file may have: its published size, or twice the data
+    (deflate's worst case adds 0.1%), whichever is larger.  A bound against filling the
+    disk, not a check: the checksums decide."""
+    return max(info.gz_size or 0, 2 * info.idx_size + 65536)
 
 
 def _gunzip(src, dest, max_size):
@@ -459,7 +477,7 @@ def _fetch_from_mirror(mirror, filename, info, folder):
     gz_tmp = _temp_file(folder, filename + ".gz")
     idx_tmp = _temp_file(folder, filename)
     try:
-        _fetch_gz(mirror, filename + ".gz", gz_tmp)
+        _fetch_gz(mirror, filename + ".gz", gz_tmp, _max_gz_size(info))
 
         gz_size, gz_sha = os.path.getsize(gz_tmp), _sha256_file(gz_tmp)
         gz_ok = info.gz_sha256 is not None and (gz_size, gz_sha) == (info.gz_size, info.gz_sha256)

@@ -114,8 +114,13 @@ def save(model, path, metadata=None):
 
 
 # ---------------------------------------------------------------------- load
-def _read_archive(path):
-    """Every entry of the checkpoint at ``path``, as a dict name -> numpy array."""
+def _read_archive(path, lazy=False):
+    """Every entry of the checkpoint at ``path``, as a dict name -> numpy array.
+
+    ``lazy=True`` returns a :class:`_LazyEntries` instead (close it): the small
+    entries are read at once, the parameters only when asked for, each after its
+    declared size was checked against the bound ``load`` sets from the model.
+    """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a directory, not a cydnn checkpoint file")
@@ -131,12 +136,62 @@ def _read_archive(path):
         npz = np.load(path, allow_pickle=False)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
         raise CheckpointError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
+    if lazy:
+        return _LazyEntries(npz, path)
     entries = {}
     with npz:
         for key in npz.files:
             entries[key] = read_npz_member(npz, key, path, CheckpointError, "entry",
                                            "which a checkpoint never contains; refusing to load it")
     return entries
+
+
+#: Largest uncompressed size of an entry that is not a parameter (config, metadata, format_version).
+MAX_SMALL_ENTRY_BYTES = 1 << 20
+
+
+class _LazyEntries(dict):
+    """The entries of an open checkpoint: non-parameter entries read at once (each at most
+    MAX_SMALL_ENTRY_BYTES), ``param/...`` entries read on first access, and only when their
+    declared uncompressed size is within ``limits[key]`` (set by ``load`` from the model
+    the config built: a member larger than its parameter can be is refused unread)."""
+
+    def __init__(self, npz, path):
+        super().__init__()
+        self._npz, self._path, self.limits = npz, path, {}
+        self._infos = {name[:-4] if name.endswith(".npy") else name: info
+                       for name, info in ((i.filename, i) for i in npz.zip.infolist())}
+        try:
+            for key in self._infos:
+                if not key.startswith(PARAM_PREFIX):
+                    self._read(key, MAX_SMALL_ENTRY_BYTES)
+        except BaseException:
+            npz.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._npz.close()
+
+    def names(self):
+        """Every entry's name, read or not."""
+        return list(self._infos)
+
+    def _read(self, key, limit):
+        size = self._infos[key].file_size
+        if size > limit:
+            raise CheckpointError(f"{self._path}: entry {key!r} declares {size} bytes uncompressed, more than "
+                                  f"the {limit} it can need; refusing to read it")
+        self[key] = read_npz_member(self._npz, key, self._path, CheckpointError, "entry",
+                                    "which a checkpoint never contains; refusing to load it")
+        return dict.__getitem__(self, key)
+
+    def __missing__(self, key):
+        if key not in self._infos:
+            raise KeyError(key)
+        return self._read(key, self.limits.get(key, MAX_SMALL_ENTRY_BYTES))
 
 
 def _check_zip_sizes(path):
@@ -248,10 +303,22 @@ def load(path, device="cpu"):
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
     for any problem with its content.  The model is returned in training mode
     (as any new module); ``predict`` switches to eval mode by itself.
+
+    Nothing large is read before it is known to be needed: the declared sizes
+    of all members first (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES), then the small
+    entries (each at most MAX_SMALL_ENTRY_BYTES), the config (checked, then
+    built), and only then each parameter, whose member may hold at most its
+    float64 size: a 1 MB file cannot make ``load`` allocate a gigabyte.
     """
     from . import models
 
-    entries = _read_archive(path)
+    with _read_archive(path, lazy=True) as entries:
+        return _load(entries, os.fspath(path), device, models)
+
+
+def _load(entries, path, device, models):
+    """``load`` on an open _LazyEntries: format, config, model; then each parameter, read
+    only after the model says how large it may be."""
     _check_format(entries, path)
     config = _json_entry(entries, "config", path)
     if not isinstance(config, dict) or "arch" not in config:
@@ -266,9 +333,12 @@ def load(path, device="cpu"):
         raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config}: {e}") from e
 
     expected = {name: tuple(v.shape) for name, v in model.state_dict().items()}
-    stored = {key[len(PARAM_PREFIX):]: value for key, value in entries.items() if key.startswith(PARAM_PREFIX)}
-    missing = sorted(set(expected) - set(stored))
-    extra = sorted(set(stored) - set(expected))
+    # A parameter's member holds a header and at most float64 data: a larger one is refused unread.
+    entries.limits.update({PARAM_PREFIX + name: 1024 + math.prod(shape) * 8 for name, shape in expected.items()})
+    names = [key[len(PARAM_PREFIX):] for key in entries.names() if key.startswith(PARAM_PREFIX)]
+    missing = sorted(set(expected) - set(names))
+    extra = sorted(set(names) - set(expected))
+    stored = {name: entries[PARAM_PREFIX + name] for name in names if name in expected}
     wrong = sorted(f"{n}: expected {expected[n]}, got {tuple(stored[n].shape)}"
                    for n in set(stored) & set(expected) if tuple(stored[n].shape) != expected[n])
     if missing or extra or wrong:
@@ -278,10 +348,7 @@ def load(path, device="cpu"):
         raise CheckpointError(f"{path}: weights do not fit {config['arch']}: " + "; ".join(parts))
 
     state = {}
-    for key, value in entries.items():
-        if not key.startswith(PARAM_PREFIX):
-            continue
-        name = key[len(PARAM_PREFIX):]
+    for name, value in stored.items():
         if value.dtype.kind != "f":
             raise CheckpointError(f"{path}: parameter {name!r} has dtype {value.dtype}, expected float32")
         state[name] = value

@@ -16,11 +16,14 @@ import argparse
 import functools
 import json
 import math
+import os
+import signal
 import sys
+import threading
 
 import numpy as np
 
-__all__ = ["main", "train", "build_parser"]
+__all__ = ["main", "train", "build_parser", "TrainingInterrupted"]
 
 DATASETS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
 
@@ -52,7 +55,8 @@ def build_parser():
                    help="on the GPU, train with the compiled step (fused kernels replayed as CUDA graphs; "
                         "see cydnn.fast); --no-cuda-graph runs the per-op reference loop")
     p.add_argument("--json", action="store_true", help="print one JSON summary object as the last line")
-    p.add_argument("--traceback", action="store_true", help="on Ctrl-C, show where it stopped")
+    p.add_argument("--traceback", action="store_true",
+                   help="on Ctrl-C or an error, show the Python traceback as well as the one-line message")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -113,6 +117,7 @@ def train(args, log=None):
             log(f"--limit-train {args.limit_train} is more than the {len(train_images)} training images: "
                 f"using all of them")
         train_images, train_labels = train_images[:args.limit_train], train_labels[:args.limit_train]
+    _note_sizes(args, len(train_images), log)
 
     model = models.LeNet5(classic=args.classic, num_classes=len(cls.classes), seed=args.seed,
                           mean=cls.mean, std=cls.std).to(device)
@@ -154,6 +159,7 @@ def train(args, log=None):
 
     history = []
     train_seconds = 0.0
+    unguard = _interrupt_guard(history, args.epochs)
     for epoch in range(1, args.epochs + 1):
         model.train()
         bar = None if progress is None else functools.partial(
@@ -171,7 +177,10 @@ def train(args, log=None):
         print(f"epoch {epoch:2d}/{args.epochs}  loss {loss:.4f}  train acc {train_acc:.2%}  "
               f"test acc {test_acc:.2%}  {record['images_per_second']:,.0f} img/s  {seconds:.2f} s", flush=True)
         if not math.isfinite(loss):
-            raise SystemExit(f"training diverged at epoch {epoch} (loss {loss}); try a smaller --lr")
+            unguard()
+            raise SystemExit(f"training diverged at epoch {epoch}/{args.epochs} (loss {loss}); try a smaller "
+                             f"--lr (it was {lr:g})" + (f"; {args.save} was not written" if args.save else ""))
+    unguard()
 
     summary = {
         "test_accuracy": history[-1]["test_accuracy"] if history else None,
@@ -232,23 +241,101 @@ def plot(history, confusion, classes, path):
     os.replace(tmp, path)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during the training loop: ``epoch`` was in progress, out of ``epochs``."""
+
+    def __init__(self, epoch, epochs):
+        super().__init__(f"interrupted during epoch {epoch}/{epochs}")
+        self.epoch, self.epochs = epoch, epochs
+
+
+def _interrupt_guard(history, epochs):
+    """Make Ctrl-C in the training loop raise TrainingInterrupted (naming the epoch in progress,
+    ``len(history) + 1``); returns the function that puts the previous handler back.
+
+    Python's own handler raises KeyboardInterrupt between two bytecodes, so the
+    loop stops within one op (milliseconds on the CPU; on the GPU the next
+    read-back waits for the queued kernels).  Nothing is saved then: a
+    checkpoint is only ever written whole, after the last epoch.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None):           # ignored (nohup, a background job): leave it so
+        return lambda: None
+
+    def handler(signum, frame):
+        raise TrainingInterrupted(len(history) + 1, epochs)
+    signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
+def _note_sizes(args, used, log):
+    """Say when --batch-size exceeds the (limited) training set: it works, one batch per epoch."""
+    if args.batch_size > used:
+        log(f"note: --batch-size {args.batch_size} is more than the {used} training images: "
+            f"one batch of {used} per epoch")
+
+
+def check_args(args):
+    """Refuse bad values before anything is loaded or trained: SystemExit with one line."""
     for name in ("epochs", "batch_size"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.limit_train is not None and args.limit_train < 1:
+        raise SystemExit(f"--limit-train must be >= 1, got {args.limit_train}")
+    if args.max_shift < 0:
+        raise SystemExit(f"--max-shift must be >= 0, got {args.max_shift}")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        raise SystemExit(f"--lr must be a finite number > 0, got {args.lr}")
+    for name in ("momentum", "weight_decay"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise SystemExit(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+    for option, path in (("--save", args.save), ("--plot", args.plot)):
+        if path:
+            _check_output_path(option, path)
+
+
+def _check_output_path(option, path):
+    """SystemExit with one line when nothing can be written at ``path`` (checked before training)."""
+    if os.path.isdir(path):
+        raise SystemExit(f"{option}: cannot write {path}: it is a directory")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"{option}: cannot write {path}: the folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SystemExit(f"{option}: cannot write {path}: the folder {folder} is not writable")
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    previous = signal.getsignal(signal.SIGINT)
     try:
-        # Divergence is detected and reported per epoch below; numpy's overflow warnings add nothing.
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):   # a divergence says so itself
             summary = train(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if args.traceback:
-            raise
+            import traceback
+            traceback.print_exc()
+        where = f" during epoch {e.epoch}/{e.epochs}" if isinstance(e, TrainingInterrupted) else ""
         # A checkpoint is written only after the last epoch, to a temporary file renamed into
         # place: an interrupt leaves the previous file at --save (or none), never a partial one.
-        print("interrupted: training stopped" + (f"; {args.save} was not written" if args.save else ""),
+        print(f"interrupted (Ctrl-C){where}: training stopped"
+              + (f"; {args.save} was not written" if args.save and isinstance(e, TrainingInterrupted) else ""),
               file=sys.stderr)
         return 130
+    except (OSError, ValueError, RuntimeError) as e:
+        from cydnn import CydnnError, datasets, serialization
+        if args.traceback or not isinstance(e, (OSError, datasets.DatasetDownloadError, CydnnError,
+                                                serialization.CheckpointError)):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "history"}))
     return 0

@@ -1,0 +1,45 @@
+"""Helpers shared by the fault tests: environments for child processes, private tmpfs mounts."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import cydnn
+
+TESTS = Path(__file__).resolve().parent
+#: PYTHONPATH for a child process: the cydnn this test process imported, then tests/.
+PYTHONPATH = os.pathsep.join([str(Path(cydnn.__file__).resolve().parents[1]), str(TESTS)]
+                             + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+
+
+def child_env(**extra):
+    """os.environ for a child Python that imports this cydnn and the test helpers, no proxy for loopback."""
+    return dict(os.environ, PYTHONPATH=PYTHONPATH, NO_PROXY="127.0.0.1,localhost",
+                no_proxy="127.0.0.1,localhost", **extra)
+
+
+def _probe_unshare():
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+#: Whether a child can run in a private mount namespace with its own tmpfs (root, `unshare -m`):
+#: real read-only and full file systems, gone when the child exits.
+UNSHARE_AVAILABLE = _probe_unshare()
+UNSHARE_REASON = "needs root and `unshare -m` with tmpfs mounts (a private mount namespace)"
+
+
+def run_on_tmpfs(mountpoint, options, script, *args, env=None, timeout=120):
+    """Run ``python -c script *args`` with a fresh tmpfs (mount ``options``) at ``mountpoint``,
+    in a private mount namespace; returns the CompletedProcess."""
+    shell = f'mount -t tmpfs -o {options} tmpfs "$1" && shift && exec "$@"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", shell, "sh", str(mountpoint), sys.executable, "-c",
+                           script, *map(str, args)], env=env or child_env(), capture_output=True, text=True,
+                          timeout=timeout)

@@ -137,3 +137,50 @@ def test_threads_predicting_with_one_model_on_the_gpu(images):
     for data in (images, big):                   # the graph path and the chunked path
         for i, r in enumerate(_threads_predict(m, data)):
             np.testing.assert_array_equal(r, m.predict(data[i::4]))
+
+
+def test_threads_predicting_leave_a_training_model_in_training_mode(images, monkeypatch):
+    """Each reference predict switches the model to eval and back; interleaved switches
+    (forced here by a forward that sleeps) must not leave a training model in eval mode."""
+    import time
+    m = models.LeNet5(seed=0)
+    forward = m.forward
+
+    def slow_forward(x):
+        time.sleep(0.002)
+        return forward(x)
+    monkeypatch.setattr(m, "forward", slow_forward)
+    m.train()
+    _threads_predict(m, images[:8])
+    assert m.training, "concurrent predict calls left a training model in eval mode"
+    assert all(layer.training for layer in m._modules.values())
+
+
+@gpu
+def test_threads_on_two_models_fast_and_reference_paths_at_once(images):
+    """Two models' fast predictors (first calls capture graphs on the library's one stream)
+    and a third model on the reference per-layer path, all from threads at the same time:
+    every result equals the same call made alone."""
+    a = models.LeNet5(seed=0).to("cuda")
+    b = models.LeNet5(seed=1, classic=True).to("cuda")
+    c = models.LeNet5(seed=2).to("cuda")
+    sizes = (1, 3, 17, 64, 65, 300)
+    jobs = [(m, n, fast) for n in sizes for (m, fast) in ((a, None), (b, None), (c, False))]
+    results, errors = {}, []
+
+    def work(k):
+        m, n, fast = jobs[k]
+        try:
+            results[k] = [m.predict(images[:n], fast=fast) for _ in range(5)]
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    for k, (m, n, fast) in enumerate(jobs):
+        alone = m.predict(images[:n], fast=fast)
+        for r in results[k]:
+            np.testing.assert_array_equal(r, alone)

@@ -175,8 +175,9 @@ cdef class Predictor:
         cdef const void *src = cnp.PyArray_DATA(images)
         cdef float *dst = <float *>cnp.PyArray_DATA(out)
         cdef cydnnStatus_t status
-        with nogil:
-            status = cydnn_predictor_run(self.p, &w, src, kind, n, dst)
+        # The GIL stays held: the call queues work on the library's one stream and may capture a
+        # graph on it, so no other thread may enqueue (or capture) there meanwhile.
+        status = cydnn_predictor_run(self.p, &w, src, kind, n, dst)
         check(status, "predict")
         return out
 
@@ -189,8 +190,9 @@ cdef class Predictor:
         cdef const void *src = cnp.PyArray_DATA(images)
         cdef float *dst = <float *>cnp.PyArray_DATA(out)
         cdef cydnnStatus_t status
-        with nogil:
-            status = cydnn_predictor_run(self.p, &w, src, kind, n, dst)
+        # The GIL stays held: the call queues work on the library's one stream and may capture a
+        # graph on it, so no other thread may enqueue (or capture) there meanwhile.
+        status = cydnn_predictor_run(self.p, &w, src, kind, n, dst)
         check(status, "predict")
 
     @property

@@ -6,6 +6,7 @@ carries its preprocessing (``mean``, ``std``, ``input_pad``), so that
 ``predict`` takes raw images.  ``config()`` gives the constructor arguments,
 from which :func:`cydnn.serialization.load` rebuilds the model.
 """
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -120,10 +121,11 @@ class ImageClassifier(nn.Sequential):
 
         Zero images give an empty (0, num_classes) array.  Images with NaN or
         weights with NaN/Inf give NaN probabilities for the images they reach.
-        Threads: several threads may call ``predict`` on one model; on the GPU
-        the fast path's calls take turns (a lock), the reference path's C
-        calls are serialised by the GIL.  Training one model from two threads
-        at once is not supported.
+        Threads: several threads may call ``predict`` on one model or on
+        several; the calls on one model take turns (a lock), and every GPU
+        call holds the GIL, so the library is never entered by two threads at
+        once.  Training a model while another thread trains it or predicts
+        with it is not supported.
         """
         images = self._check_images(x)
         if fast is not False and precision == "fp32" and self._device == "cuda" and batch_size >= 1:
@@ -153,15 +155,18 @@ class ImageClassifier(nn.Sequential):
                 return predictor(images)
         backend = ops.backend(self.device)
         probs = np.empty((len(images), self.num_classes), dtype=np.float32)
-        was_training = self.training
-        self.eval()
-        try:
-            for start in range(0, len(images), batch_size):
-                batch = backend.asarray(self.preprocess(images[start:start + batch_size]))
-                logits = self.forward(batch)
-                probs[start:start + batch_size] = backend.to_numpy(backend.softmax(logits))
-        finally:
-            self.train(was_training)
+        # Calls on one model take turns: each switches the model to eval mode and back, and two
+        # interleaved switches would leave a model that was training in eval mode.
+        with self.__dict__.setdefault("_predict_lock", threading.RLock()):
+            was_training = self.training
+            self.eval()
+            try:
+                for start in range(0, len(images), batch_size):
+                    batch = backend.asarray(self.preprocess(images[start:start + batch_size]))
+                    logits = self.forward(batch)
+                    probs[start:start + batch_size] = backend.to_numpy(backend.softmax(logits))
+            finally:
+                self.train(was_training)
         return probs
 
     def fast_predictor(self, required=False):

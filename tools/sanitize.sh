@@ -6,19 +6,19 @@
 # A subset that covers every kernel and every cuDNN / cuBLAS path (one case per
 # op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
 # training step, graph capture and replay, the numpy predictor), the fused MLP,
-# and fp16.  Not in it: test_ten_thousand_calls_leave_memory_where_it_was.  Under every
-# sanitizer tool (2026-11-22, compute-sanitizer of CUDA 13.0, with no sanitizer error
-# reported) its max_pool family leaves the two arrays of each forward+backward call live
-# (requested_bytes +17,280 per call, exactly y and dx; two driver mallocs per call) while
-# the same test, same environment, passes without the sanitizer.  What keeps them alive was
-# traced (gc.get_referrers under synccheck): a Python frame object of ops.cuda._pool_backward
-# that outlives the call and holds its locals (cache, y, dx) -- a reference held in the
-# interpreter, not a block lost by the pool (num_frees simply does not move).  Why running
-# under compute-sanitizer makes the interpreter keep that frame was not found.
+# and fp16.
 # A third run (skip it with SANITIZE_PROPERTIES=0) takes the GPU property tests of
 # tests/test_properties_layouts.py (conv, pooling, linear, softmax, activations on random odd
 # shapes, strides, paddings and memory layouts: where an out-of-bounds index would show; 3
 # examples each under CYDNN_SANITIZE) and the DeviceArray-after-empty_cache test.
+# A fourth run takes test_ten_thousand_calls_leave_memory_where_it_was (200
+# calls per family under CYDNN_SANITIZE) with the sanitizer's host backtraces off
+# (--show-backtrace device): with them on, compute-sanitizer records the Python stack at
+# every kernel launch and keeps a reference to the launching Python frame, so each call's
+# arrays stay alive and the pool counters move (found on the H100, compute-sanitizer
+# 2025.3.1: one kept frame and +17,280 B per max-pool call with host backtraces, none
+# without; the test now checks for kept frames first and names the option).  The other
+# runs keep host backtraces, which say where a reported error was launched from.
 # Prints one line per tool: exit status, the sanitizer's error count, seconds.
 # The failure-injection and out-of-memory tests are left out on purpose: their
 # refused API calls are what memcheck reports as "errors".
@@ -47,10 +47,13 @@ for tool in $TOOLS; do
         tests/test_properties_layouts.py tests/test_faults_predict.py -k "Gpu or after_empty_cache" >>"$log" 2>&1
     rc3=$?
   fi
+  "$SAN" --tool "$tool" --show-backtrace device --error-exitcode 86 python3 -m pytest -q -x \
+      -p no:cacheprovider tests/test_ops_cuda.py -k ten_thousand_calls >>"$log" 2>&1
+  rc4=$?
   errors=$(grep -Eo "ERROR SUMMARY: [0-9]+" "$log" | awk '{s += $3} END {print s + 0}')
   tests=$(grep -E "passed|failed" "$log" | tr '\n' ' ')
-  echo "$tool: exit ${rc1}/${rc2}/${rc3}, sanitizer errors ${errors}, $(( $(date +%s) - start )) s; pytest: ${tests}"
-  [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ] || [ "$rc3" -ne 0 ] && { status=1; tail -40 "$log"; }
+  echo "$tool: exit ${rc1}/${rc2}/${rc3}/${rc4}, sanitizer errors ${errors}, $(( $(date +%s) - start )) s; pytest: ${tests}"
+  [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ] || [ "$rc3" -ne 0 ] || [ "$rc4" -ne 0 ] && { status=1; tail -40 "$log"; }
   rm -f "$log"
 done
 exit $status

@@ -90,8 +90,10 @@ def conv_forward(x, w, b, stride=1, padding=0):
     k = w.shape[0]
     xp = _windows.pad(x, pad_hw)
     cols, pitch = _im2col(xp, w.shape[2:], stride_hw, out_hw)
-    y = _grid(np.matmul(w.reshape(k, -1), cols), out_hw, pitch)  # (n, k, oh, ow), a view
-    y = y + b[:, None, None] if b is not None else np.ascontiguousarray(y)
+    y = np.matmul(w.reshape(k, -1), cols)  # (n, k, P)
+    if b is not None:
+        y += b[:, None]  # here rather than on the grid below: contiguous rows, several times faster
+    y = np.ascontiguousarray(_grid(y, out_hw, pitch))  # (n, k, oh, ow)
     # The cache keeps the columns (about kh*kw times x's size) so that backward needs no second im2col.
     return y, (xp.shape, w, cols, pitch, b is not None, stride_hw, pad_hw)
 

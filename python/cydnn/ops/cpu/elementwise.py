@@ -11,7 +11,8 @@ __all__ = ["relu_forward", "relu_backward", "tanh_forward", "tanh_backward", "si
 def relu_forward(x):
     """``y = max(x, 0)``; the cache is y."""
     _check.check_elementwise("relu_forward", x, _FLOATS)
-    y = np.maximum(x, 0)
+    y = np.zeros(x.shape, dtype=x.dtype)
+    np.maximum(x, y, out=y)  # against an array of zeros: numpy's loop for a scalar 0 is ~3x slower
     return y, y
 
 

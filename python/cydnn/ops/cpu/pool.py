@@ -48,7 +48,8 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
         "max_pool_forward", x, kernel, stride, padding, _FLOATS)
     kh, kw = kernel_hw
     win = _windows.windows(_windows.pad(x, pad_hw, -np.inf), kernel_hw, stride_hw)
-    y = np.fmax(win[:, :, :, :, 0, 0], -np.inf)  # the running maximum (a NaN reads as -inf)
+    y = np.full(win.shape[:4], -np.inf, dtype=x.dtype)  # the running maximum
+    np.fmax(y, win[:, :, :, :, 0, 0], out=y)  # offset (0, 0), a NaN read as -inf
     arg = np.zeros(y.shape, dtype=np.uint8 if kh * kw <= 256 else np.int32)  # its offset p*kw + q
     v = np.empty_like(y)  # offset (p, q) of every window, contiguous: the strided view is read once
     for p in range(kh):

@@ -5,15 +5,23 @@ The definition, for x (n, c, h, w) zero-padded to xp (n, c, hp, wp), w (k, c, kh
     y[b, o, i, j] = bias[o] + sum_{c, p, q} w[o, c, p, q] * xp[b, c, i*sh + p, j*sw + q]
 
 im2col lays the windows out as the columns of one matrix: ``cols[(c, p, q),
-(b, i, j)]`` is the pixel at offset (p, q), channel c, of the window of output
-pixel (i, j) of image b, so that ``Y = W @ cols`` with W = w as a
-(k, c*kh*kw) matrix -- a single BLAS call for the batch (large enough for
-BLAS to use its threads; one product per image measured slower).  Backward is
-the same product read the other way, with D = dy as a (k, n*oh*ow) matrix:
-``dW = D @ cols.T``, ``dcols = W.T @ D``, and dx adds each column of dcols
-back into the window it was read from (col2im).
+pixel]`` is the pixel at offset (p, q), channel c, of the window of an output
+pixel (one column per output pixel of every image), so that ``Y = W @ cols``
+with W = w as a (k, c*kh*kw) matrix -- a single BLAS call for the batch (one
+product per image measured slower).  Backward is the same product read the
+other way, with D = dy as a (k, pixels) matrix: ``dW = D @ cols.T``,
+``dcols = W.T @ D``, and dx adds each column of dcols back into the window it
+was read from (col2im).
+
+The columns are ordered (b, i, j) -- image, then output row and column -- or,
+when the output rows are short (ow < 16, e.g. LeNet's second layer, ow = 8),
+(i, j, b) with the batch innermost.  im2col copies and col2im adds then move
+runs of ow*n numbers instead of ow (measured 2.5-3x faster for LeNet's second
+layer), at the price of transposing y and dy, element by element, to and from
+NCHW -- which costs more than it saves when ow is long.
 """
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import _check
 from . import _windows
@@ -21,25 +29,51 @@ from .arrays import FLOATS as _FLOATS
 
 __all__ = ["conv_forward", "conv_backward"]
 
-
-def _im2col(xp, kernel_hw, stride_hw):
-    """cols (c*kh*kw, n*oh*ow): column (b, i, j) the window of output pixel (i, j) of image b,
-    rows ordered (c, p, q) like ``w.reshape(k, -1)``.  One copy, in runs of rows of xp."""
-    win = _windows.windows(xp, kernel_hw, stride_hw)  # (n, c, oh, ow, kh, kw), a view
-    n, c, oh, ow, kh, kw = win.shape
-    return win.transpose(1, 4, 5, 0, 2, 3).reshape(c * kh * kw, n * oh * ow)
+#: output rows shorter than this put the batch innermost in the columns (see the module docstring)
+BATCH_INNER_BELOW_OW = 16
 
 
-def _col2im(dcols, xp_shape, kernel_hw, stride_hw, out_hw):
-    """The adjoint of :func:`_im2col`: dxp (n, c, hp, wp) from dcols (c*kh*kw, n*oh*ow).
+def _im2col(xp, kernel_hw, stride_hw, batch_inner):
+    """cols (c*kh*kw, n*oh*ow), rows ordered (c, p, q) like ``w.reshape(k, -1)``, columns
+    ordered (i, j, b) if ``batch_inner`` else (b, i, j).  One copy."""
+    sh, sw = stride_hw
+    if batch_inner:
+        xt = np.ascontiguousarray(xp.transpose(1, 2, 3, 0))  # (c, hp, wp, n)
+        win = sliding_window_view(xt, kernel_hw, axis=(1, 2))[:, ::sh, ::sw]  # (c, oh, ow, n, kh, kw)
+        view = win.transpose(0, 4, 5, 1, 2, 3)  # (c, kh, kw, oh, ow, n)
+    else:
+        win = _windows.windows(xp, kernel_hw, stride_hw)  # (n, c, oh, ow, kh, kw)
+        view = win.transpose(1, 4, 5, 0, 2, 3)  # (c, kh, kw, n, oh, ow)
+    c, kh, kw = view.shape[:3]
+    return view.reshape(c * kh * kw, -1)
 
-    One strided add per kernel offset (p, q), with the batch innermost (dcols
-    rearranged to (c, kh, kw, oh, ow, n) once), so that each add moves runs of
-    ow*n numbers rather than ow.
+
+def _to_nchw(a, n, out_hw, batch_inner):
+    """a (m, pixels) in the column order -> (n, m, oh, ow), C-contiguous."""
+    oh, ow = out_hw
+    if batch_inner:
+        return np.ascontiguousarray(a.reshape(-1, oh, ow, n).transpose(3, 0, 1, 2))
+    return np.ascontiguousarray(a.reshape(-1, n, oh, ow).transpose(1, 0, 2, 3))
+
+
+def _from_nchw(a, batch_inner):
+    """a (n, m, oh, ow) -> (m, pixels) in the column order."""
+    return (a.transpose(1, 2, 3, 0) if batch_inner else a.transpose(1, 0, 2, 3)).reshape(a.shape[1], -1)
+
+
+def _col2im(dcols, xp_shape, kernel_hw, stride_hw, out_hw, batch_inner):
+    """The adjoint of :func:`_im2col`: dx of the padded input, (n, c, hp, wp), from dcols.
+
+    The adds run with the batch innermost either way (dcols rearranged to
+    (c, kh, kw, oh, ow, n) first when it is not), so that each of the kh*kw
+    strided adds moves runs of ow*n numbers.
     """
     n, c, hp, wp = xp_shape
     (kh, kw), (oh, ow) = kernel_hw, out_hw
-    dcols = np.ascontiguousarray(dcols.reshape(c, kh, kw, n, oh, ow).transpose(0, 1, 2, 4, 5, 3))
+    if batch_inner:
+        dcols = dcols.reshape(c, kh, kw, oh, ow, n)
+    else:
+        dcols = np.ascontiguousarray(dcols.reshape(c, kh, kw, n, oh, ow).transpose(0, 1, 2, 4, 5, 3))
     dxp = np.zeros((c, hp, wp, n), dtype=dcols.dtype)
     for p in range(kh):
         for q in range(kw):
@@ -54,16 +88,16 @@ def conv_forward(x, w, b, stride=1, padding=0):
     Returns y (n, k, oh, ow), C-contiguous, and the cache.  Computed as one
     matrix product ``W (k, c*kh*kw) @ cols (c*kh*kw, n*oh*ow)`` (im2col).
     """
-    stride_hw, pad_hw, (oh, ow) = _check.check_conv(x, w, b, stride, padding, _FLOATS)
+    stride_hw, pad_hw, out_hw = _check.check_conv(x, w, b, stride, padding, _FLOATS)
     n, k = x.shape[0], w.shape[0]
+    batch_inner = out_hw[1] < BATCH_INNER_BELOW_OW
     xp = _windows.pad(x, pad_hw)
-    cols = _im2col(xp, w.shape[2:], stride_hw)
+    cols = _im2col(xp, w.shape[2:], stride_hw, batch_inner)
     y = w.reshape(k, -1) @ cols  # (k, n*oh*ow)
     if b is not None:
         y += b[:, None]  # on contiguous rows: several times faster than on the (n, k, oh, ow) result
-    y = np.ascontiguousarray(y.reshape(k, n, oh, ow).transpose(1, 0, 2, 3))
     # The cache keeps the columns (about kh*kw times x's size) so that backward needs no second im2col.
-    return y, (xp.shape, w, cols, b is not None, stride_hw, pad_hw)
+    return _to_nchw(y, n, out_hw, batch_inner), (xp.shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
 
 
 def conv_backward(dy, cache, need_dx=True):
@@ -74,16 +108,16 @@ def conv_backward(dy, cache, need_dx=True):
     ``db = the row sums of D``, ``dcols = W.T @ D``; dx is dcols added back into
     the windows they were read from (col2im), then unpadded.
     """
-    xp_shape, w, cols, has_bias, stride_hw, pad_hw = cache
+    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner = cache
     n, c, hp, wp = xp_shape
     k, _, kh, kw = w.shape
     out_hw = ((hp - kh) // stride_hw[0] + 1, (wp - kw) // stride_hw[1] + 1)
     _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k) + out_hw, dtype=w.dtype)
 
-    d = dy.transpose(1, 0, 2, 3).reshape(k, -1)  # (k, n*oh*ow), columns ordered like cols
+    d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
     dw = (d @ cols.T).reshape(w.shape)
     db = d.sum(axis=1) if has_bias else None
     if not need_dx:
         return None, dw, db
-    dxp = _col2im(w.reshape(k, -1).T @ d, xp_shape, (kh, kw), stride_hw, out_hw)
+    dxp = _col2im(w.reshape(k, -1).T @ d, xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
     return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db

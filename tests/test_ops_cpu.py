@@ -164,7 +164,8 @@ def test_conv_gradients(x_shape, w_spec, stride, padding, bias):
 
 
 @pytest.mark.parametrize("batch_inner", [False, True])
-@pytest.mark.parametrize("x_shape, w_spec, stride, padding, bias", CONV_CASES + [((2, 2, 9, 21), (3, 3, 4), 1, 1, True)])
+@pytest.mark.parametrize("x_shape, w_spec, stride, padding, bias",
+                         CONV_CASES + [((2, 2, 9, 21), (3, 3, 4), 1, 1, True)])
 def test_conv_both_column_orders(monkeypatch, batch_inner, x_shape, w_spec, stride, padding, bias):
     # im2col orders its columns (i, j, b) for short output rows and (b, i, j) otherwise:
     # force each order on every case; both must match the loops and each other's gradients.

@@ -7,7 +7,7 @@ live in one module per family and are all re-exported here, so that
 whole interface:
 
     arrays.py       asarray, to_numpy, empty, zeros, zeros_like
-    conv.py         conv_forward / conv_backward (im2col + one batched matmul)
+    conv.py         conv_forward / conv_backward (im2col + one matrix product per batch)
     pool.py         max_pool_* / avg_pool_*
     elementwise.py  relu_*, tanh_*, sigmoid_*, dropout_*, splitmix64
     dense.py        linear_*, softmax, log_softmax, softmax_cross_entropy, flatten

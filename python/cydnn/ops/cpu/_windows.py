@@ -5,12 +5,7 @@ Shared by convolution and pooling.  ``hw`` arguments are (h, w) pairs of ints.
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["pad", "unpad", "windows", "offset_pixels", "add_windows", "out_size"]
-
-
-def out_size(size_hw, kernel_hw, stride_hw, pad_hw):
-    """(oh, ow) = ``(h + 2 ph - kh) // sh + 1`` and likewise for w."""
-    return tuple((s + 2 * p - k) // st + 1 for s, k, st, p in zip(size_hw, kernel_hw, stride_hw, pad_hw))
+__all__ = ["pad", "unpad", "windows", "offset_pixels", "add_windows"]
 
 
 def pad(x, pad_hw, value=0.0):

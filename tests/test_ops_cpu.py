@@ -163,6 +163,30 @@ def test_conv_gradients(x_shape, w_spec, stride, padding, bias):
     assert_directional(loss, {"x": x, "w": w, "b": b}, grads, rng)
 
 
+@pytest.mark.parametrize("batch_inner", [False, True])
+@pytest.mark.parametrize("x_shape, w_spec, stride, padding, bias",
+                         CONV_CASES + [((2, 2, 9, 21), (3, 3, 4), 1, 1, True)])
+def test_conv_both_column_orders(monkeypatch, batch_inner, x_shape, w_spec, stride, padding, bias):
+    # im2col orders its columns (i, j, b) for short output rows and (b, i, j) otherwise:
+    # force each order on every case; both must match the loops and each other's gradients.
+    from cydnn.ops.cpu import conv
+    rng = np.random.default_rng(6)
+    x, w, b = _conv_inputs(rng, x_shape, w_spec, bias)
+    monkeypatch.setattr(conv, "BATCH_INNER_BELOW_OW", 10**9 if batch_inner else 0)
+    y, cache = cpu.conv_forward(x, w, b, stride, padding)
+    np.testing.assert_allclose(y, naive_conv(x, w, b, stride, padding), rtol=1e-12, atol=1e-12)
+    dy = rng.standard_normal(y.shape)
+    grads = cpu.conv_backward(dy, cache)
+    monkeypatch.setattr(conv, "BATCH_INNER_BELOW_OW", 0 if batch_inner else 10**9)
+    other = cpu.conv_backward(dy, cpu.conv_forward(x, w, b, stride, padding)[1])
+    for g, h in zip(grads, other):
+        if g is None:
+            assert h is None
+        else:
+            np.testing.assert_allclose(g, h, rtol=1e-12, atol=1e-12)
+            assert g.flags.c_contiguous
+
+
 def test_conv_float32_stays_float32_and_agrees_with_float64():
     rng = np.random.default_rng(3)
     x, w, b = _conv_inputs(rng, (2, 3, 10, 10), (4, 3, 3), True)

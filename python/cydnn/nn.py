@@ -118,6 +118,10 @@ class Module:
 
     # -- registration -------------------------------------------------------
     def __setattr__(self, name, value):
+        plain = self.__dict__
+        if name in plain and not isinstance(value, (Parameter, Module)):
+            plain[name] = value  # a plain attribute stays one (e.g. each forward's cache): the fast path
+            return
         if "_parameters" not in self.__dict__:
             raise AttributeError(
                 f"cannot assign {name!r} before Module.__init__() was called")

@@ -14,17 +14,20 @@ import numpy as np
 __all__ = ["backend", "backend_of"]
 
 
+_MODULES = {"cpu": "cydnn.ops.cpu", "cuda": "cydnn.ops.cuda"}
+_loaded = {}  # device -> module, imported on first use (every layer asks, on every call)
+
+
 def backend(device):
     """The ops module for a device name: ``"cpu"`` or ``"cuda"``."""
-    if device == "cpu":
-        return importlib.import_module("cydnn.ops.cpu")
-    if device == "cuda":
-        return importlib.import_module("cydnn.ops.cuda")
-    raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
+    module = _loaded.get(device) if isinstance(device, str) else None
+    if module is None:
+        if not isinstance(device, str) or device not in _MODULES:
+            raise ValueError(f"unknown device {device!r}: expected 'cpu' or 'cuda'")
+        module = _loaded[device] = importlib.import_module(_MODULES[device])
+    return module
 
 
 def backend_of(array):
     """The ops module that owns ``array``: cpu for numpy arrays, cuda for DeviceArrays."""
-    if isinstance(array, np.ndarray):
-        return backend("cpu")
-    return backend("cuda")
+    return backend("cpu" if isinstance(array, np.ndarray) else "cuda")

@@ -51,6 +51,8 @@ __all__ = [
 
 def _shape(a):
     """``a.shape`` as a tuple of Python ints (prints the same for every array kind)."""
+    if type(a) is np.ndarray:  # already a tuple of Python ints (the common case: a fast path)
+        return a.shape
     return tuple(int(s) for s in a.shape)
 
 
@@ -69,7 +71,18 @@ def _type_name(v):
 
 
 def _is_array(a):
-    return all(hasattr(a, attr) for attr in ("shape", "ndim", "dtype"))
+    return type(a) is np.ndarray or all(hasattr(a, attr) for attr in ("shape", "ndim", "dtype"))
+
+
+_DTYPE_SETS = {}  # allowed_dtypes tuple -> frozenset of np.dtype (built once per tuple)
+
+
+def _dtype_set(allowed_dtypes):
+    key = tuple(allowed_dtypes)
+    dtypes = _DTYPE_SETS.get(key)
+    if dtypes is None:
+        dtypes = _DTYPE_SETS[key] = frozenset(np.dtype(d) for d in key)
+    return dtypes
 
 
 def _array(op, name, a, allowed_dtypes, ndim=None, what=None):
@@ -84,7 +97,7 @@ def _array(op, name, a, allowed_dtypes, ndim=None, what=None):
             f"{op}: {name} must be an array (numpy.ndarray or DeviceArray) of dtype "
             f"{accepted}; got {_type_name(a)}"
         )
-    if allowed_dtypes is not None and np.dtype(a.dtype) not in [np.dtype(d) for d in allowed_dtypes]:
+    if allowed_dtypes is not None and np.dtype(a.dtype) not in _dtype_set(allowed_dtypes):
         raise TypeError(
             f"{op}: {name} has dtype {np.dtype(a.dtype).name}; accepted: "
             f"{_dtype_names(allowed_dtypes)} ({name} {_shape(a)})"
@@ -92,7 +105,8 @@ def _array(op, name, a, allowed_dtypes, ndim=None, what=None):
     if ndim is not None and a.ndim != ndim:
         axes = f" {what}" if what else ""
         raise ValueError(f"{op}: {name} must have rank {ndim}{axes}, got rank {a.ndim} ({name} {_shape(a)})")
-    if any(s < 1 for s in _shape(a)):
+    shape = _shape(a)
+    if shape and min(shape) < 1:
         raise ValueError(f"{op}: {name} has an empty dimension ({name} {_shape(a)}); every dimension must be >= 1")
 
 
@@ -115,12 +129,15 @@ def _same_dtype(op, name, a, ref_name, ref, **shapes):
 
 def _is_int(v):
     # bool is an int subclass in Python, but stride=True is surely a mistake.
+    if type(v) is int:  # fast path: isinstance against the numbers ABCs is slow
+        return True
     return isinstance(v, (numbers.Integral, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 def _number(op, name, v):
     """A finite real number (int or float, not bool) as a Python float."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.integer, np.floating)):
+    if type(v) is not float and type(v) is not int and (  # (the test of the ABCs is slow: skip it for these)
+            isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Real, np.integer, np.floating))):
         raise TypeError(f"{op}: {name} must be a real number, got {_type_name(v)} {v!r}")
     v = float(v)
     if not math.isfinite(v):
@@ -178,12 +195,12 @@ def _out_size(size, k, s, p):
 def _window_output(op, x, kernel_hw, stride_hw, pad_hw, shapes):
     """(oh, ow) of a window sliding over x (n, c, h, w); the kernel must fit the padded input.
 
-    Shared by convolution and pooling; ``shapes`` names the arrays for the message.
+    Shared by convolution and pooling; ``shapes()`` names the arrays for the message.
     """
     padded = (int(x.shape[2]) + 2 * pad_hw[0], int(x.shape[3]) + 2 * pad_hw[1])
     if kernel_hw[0] > padded[0] or kernel_hw[1] > padded[1]:
         raise ValueError(
-            f"{op}: kernel {kernel_hw} is larger than the padded input {padded} ({shapes}, padding {pad_hw})"
+            f"{op}: kernel {kernel_hw} is larger than the padded input {padded} ({shapes()}, padding {pad_hw})"
         )
     # At least 1 on each side, since the kernel fits the padded input.
     return tuple(_out_size(int(x.shape[2 + i]), kernel_hw[i], stride_hw[i], pad_hw[i]) for i in (0, 1))
@@ -215,7 +232,7 @@ def check_conv(x, w, b, stride, padding, allowed_dtypes):
     stride_hw = pair(stride, "stride", op, minimum=1)
     pad_hw = pair(padding, "padding", op, minimum=0)
     kernel_hw = (int(w.shape[2]), int(w.shape[3]))
-    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, f"x {_shape(x)}, w {_shape(w)}")
+    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, lambda: f"x {_shape(x)}, w {_shape(w)}")
     return stride_hw, pad_hw, out_hw
 
 
@@ -236,7 +253,7 @@ def check_pool(op, x, kernel, stride, padding, allowed_dtypes):
         raise ValueError(
             f"{op}: padding {pad_hw} must be at most half the kernel {kernel_hw} (x {_shape(x)})"
         )
-    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, f"x {_shape(x)}")
+    out_hw = _window_output(op, x, kernel_hw, stride_hw, pad_hw, lambda: f"x {_shape(x)}")
     return kernel_hw, stride_hw, pad_hw, out_hw
 
 
@@ -269,7 +286,7 @@ def check_linear(x, w, b, allowed_dtypes):
 def check_elementwise(op, x, allowed_dtypes):
     """Validate the input of an elementwise op (any rank, non-empty); return ``count`` (elements)."""
     _array(op, "x", x, allowed_dtypes)
-    return int(np.prod(_shape(x), dtype=np.int64))
+    return math.prod(_shape(x))
 
 
 def check_same_shape(op, name_a, a, name_b, b, dtype=None):
@@ -304,7 +321,7 @@ def check_flatten(x, allowed_dtypes):
     if x.ndim < 2:
         raise ValueError(f"{op}: x must have rank >= 2 (n, ...), got rank {x.ndim} (x {_shape(x)})")
     n = int(x.shape[0])
-    return n, int(np.prod(_shape(x)[1:], dtype=np.int64))
+    return n, math.prod(_shape(x)[1:])
 
 
 # ------------------------------------------------------------ softmax, loss

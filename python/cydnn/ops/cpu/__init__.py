@@ -1,0 +1,59 @@
+"""The numpy twin of every layer op: the reference the GPU ops are tested
+against, and the CPU backend used for CPU training.
+
+``cydnn.ops.cuda`` has the same functions with the same signatures.  The ops
+live in one module per family and are all re-exported here, so that
+``cydnn.ops.cpu.conv_forward`` (and ``cydnn.ops.backend("cpu")``) is the
+whole interface:
+
+    arrays.py       asarray, to_numpy, empty, zeros, zeros_like
+    conv.py         conv_forward / conv_backward (im2col + one matrix product per batch)
+    pool.py         max_pool_* / avg_pool_*
+    elementwise.py  relu_*, tanh_*, sigmoid_*, dropout_*, splitmix64
+    dense.py        linear_*, softmax, log_softmax, softmax_cross_entropy, flatten
+    updates.py      sgd_update, adam_update
+    data.py         gather_batch
+    _windows.py     the window views and their adjoint, shared by conv and pool
+
+Conventions
+    - Layout NCHW.  Weights in PyTorch layouts: conv (out, in, kh, kw),
+      linear (out, in).  Convolution is cross-correlation, as in PyTorch.
+    - Inputs are float32 or float64 numpy arrays; every op computes in its
+      input's dtype (float64 lets tests check gradients by finite differences).
+    - Every ``*_forward`` returns ``(y, cache)``; the matching ``*_backward``
+      takes ``(dy, cache)``.  The cache is private to this package.
+    - ``kernel`` / ``stride`` / ``padding`` are an int or an (h, w) pair.
+    - Arguments are validated first by ``cydnn.ops._check`` (shared with the
+      GPU module), so errors read the same on both devices.
+
+Speed
+    Each op is written as whole-array numpy: no Python loop over images,
+    channels or pixels, only (where unavoidable) over the kh*kw offsets of a
+    kernel window.  The matrix products go to numpy's BLAS.  Where the fast
+    formulation is less obvious than the definition, the docstring gives both.
+"""
+from ..fused_cpu import fused_mlp_forward
+from .arrays import asarray, empty, to_numpy, zeros, zeros_like
+from .conv import conv_backward, conv_forward
+from .data import gather_batch
+from .dense import flatten, linear_backward, linear_forward, log_softmax, softmax, softmax_cross_entropy
+from .elementwise import (dropout_backward, dropout_forward, relu_backward, relu_forward, sigmoid_backward,
+                          sigmoid_forward, splitmix64, tanh_backward, tanh_forward)
+from .pool import avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward
+from .updates import adam_update, sgd_update
+
+__all__ = [
+    "asarray", "to_numpy", "empty", "zeros", "zeros_like",
+    "conv_forward", "conv_backward",
+    "max_pool_forward", "max_pool_backward",
+    "avg_pool_forward", "avg_pool_backward",
+    "relu_forward", "relu_backward",
+    "tanh_forward", "tanh_backward",
+    "sigmoid_forward", "sigmoid_backward",
+    "dropout_forward", "dropout_backward", "splitmix64", "fused_mlp_forward",
+    "linear_forward", "linear_backward",
+    "softmax", "log_softmax", "softmax_cross_entropy",
+    "flatten",
+    "sgd_update", "adam_update",
+    "gather_batch",
+]

@@ -201,7 +201,7 @@ def test_cached_files_are_hashed_once_per_process(mnist_cache, tmp_path, monkeyp
 
     def no_hashing(path):
         raise AssertionError(f"{path} was hashed again")
-    monkeypatch.setattr(datasets, "_sha256_file", no_hashing)
+    monkeypatch.setattr(datasets.download, "_sha256_file", no_hashing)
     MNIST(root, train=False, download=False)
 
 
@@ -418,7 +418,7 @@ def test_read_idx_names_the_file(tmp_path):
 def test_images_and_labels_counts_must_agree():
     images = np.zeros((10, 28, 28), np.uint8)
     with pytest.raises(ValueError, match="10 images but 9 labels"):
-        datasets._check_pair(images, np.zeros(9, np.int32), 10)
+        datasets.idx._check_pair(images, np.zeros(9, np.int32), 10)
     with pytest.raises(ValueError, match="10 images but 9 labels"):
         DataLoader(images, np.zeros(9, np.int32))
 
@@ -447,7 +447,7 @@ class SpyBackend:
 @pytest.fixture
 def spy(monkeypatch):
     backend = SpyBackend()
-    monkeypatch.setattr(datasets.cydnn.ops, "backend", lambda device: backend)
+    monkeypatch.setattr(datasets.loader.cydnn.ops, "backend", lambda device: backend)
     return backend
 
 

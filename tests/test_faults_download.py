@@ -40,8 +40,8 @@ class Tiny(datasets.IDXDataset):
     name = "tiny"
     classes = [str(i) for i in range(10)]
     default_mirrors = ()
-    splits = datasets._MNIST_SPLITS
-    files = {name: datasets._FileInfo(len(data), hashlib.sha256(data).hexdigest(),
+    splits = datasets.mnist._MNIST_SPLITS
+    files = {name: datasets.download._FileInfo(len(data), hashlib.sha256(data).hexdigest(),
                                       len(GZ[name]), hashlib.sha256(GZ[name]).hexdigest())
              for name, data in PAYLOAD.items()}
 '''
@@ -142,7 +142,7 @@ def server():
 def short_limits(monkeypatch):
     monkeypatch.setattr(datasets, "TIMEOUT", 2)
     monkeypatch.setattr(datasets, "DOWNLOAD_DEADLINE", 3)
-    datasets._verified.clear()
+    datasets.download._verified.clear()
 
 
 def _fail(server, mode, tmp_path, match):
@@ -233,7 +233,7 @@ def test_full_disk_gives_a_clear_error_and_no_partial_file(server, tmp_path, mon
         f = real_open(file, mode, *args, **kwargs)
         return Full(f) if "w" in mode else f
 
-    monkeypatch.setattr(datasets, "open", fake_open, raising=False)
+    monkeypatch.setattr(datasets.download, "open", fake_open, raising=False)
     with pytest.raises(DatasetCacheError, match="No space left on device") as info:
         Tiny(root=tmp_path, mirrors=[server[0] + "/good/"])
     assert info.value.errno == errno.ENOSPC
@@ -269,7 +269,7 @@ print("ok", len(d))
 
 def _child_env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(datasets.__file__).parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(Path(datasets.__file__).parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
@@ -318,7 +318,7 @@ def test_unwritable_cache_folder_simulated(server, tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(datasets.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(datasets.download.tempfile, "mkstemp", refuse)
     with pytest.raises(DatasetCacheError, match="cannot write into the dataset cache folder .*Permission denied"):
         Tiny(root=tmp_path, mirrors=[server[0] + "/good/"])
     _assert_clean(tmp_path)

@@ -105,7 +105,7 @@ def test_a_body_larger_than_the_file_can_be_is_refused(tmp_path, monkeypatch, an
         server.server_close()
         thread.join(5)
     (_, reason), = info.value.failures
-    bound = datasets._max_gz_size(Tiny.files[IMAGES])
+    bound = datasets.download._max_gz_size(Tiny.files[IMAGES])
     if announce:
         assert f"announces 1000000000000 bytes, more than the {bound} this file can have" in reason
     else:
@@ -116,6 +116,6 @@ def test_a_body_larger_than_the_file_can_be_is_refused(tmp_path, monkeypatch, an
 
 def test_an_oversized_file_on_a_local_mirror_is_not_copied(tmp_path):
     big = tiny_idx.write_mirror(tmp_path / "mirror")
-    (big / f"{IMAGES}.gz").write_bytes(b"\x1f\x8b" + bytes(datasets._max_gz_size(Tiny.files[IMAGES])))
+    (big / f"{IMAGES}.gz").write_bytes(b"\x1f\x8b" + bytes(datasets.download._max_gz_size(Tiny.files[IMAGES])))
     with pytest.raises(DatasetDownloadError, match="bytes, more than the .* this file can have"):
         Tiny(tmp_path / "cache", train=False, mirrors=[big])

@@ -43,7 +43,7 @@ class Tiny(datasets.IDXDataset):
     mean, std = 0.1, 0.3
     default_mirrors = ()
     splits = {"train": (IMAGES, LABELS), "test": (IMAGES, LABELS)}
-    files = {name: datasets._FileInfo(len(raw), hashlib.sha256(raw).hexdigest(), len(gz),
+    files = {name: datasets.download._FileInfo(len(raw), hashlib.sha256(raw).hexdigest(), len(gz),
                                       hashlib.sha256(gz).hexdigest())
              for name, (raw, gz) in FILES.items()}
 

@@ -1,43 +1,10 @@
-"""Layers: modules with an explicit forward and backward.
-
-cydnn has no autograd tape.  Each layer's ``forward`` keeps what its backward
-will need (the *cache* returned by the op), and ``backward(dy)`` turns the
-gradient of the loss with respect to the layer's output into the gradient with
-respect to its input, setting the gradients of the layer's parameters on the
-way.  A network is run backward by calling the layers' backwards in reverse
-order, which is what :class:`Sequential` does::
-
-    model = Sequential(Linear(4, 8, rng=0), ReLU(), Linear(8, 3, rng=1))
-    loss_fn = CrossEntropyLoss()
-    loss = loss_fn(model(x), labels)      # forward
-    model.backward(loss_fn.backward())    # backward: sets every p.grad
-
-Gradients are **set, not accumulated**: each backward overwrites ``p.grad``
-with the gradient of the last forward.  (PyTorch adds to ``.grad``; here
-two backwards in a row leave the gradient of the second.)
-
-Arrays and devices
-------------------
-A parameter's ``data`` lives on the module's device: a numpy array on
-``"cpu"``, a ``DeviceArray`` on ``"cuda"``.  Every layer dispatches on the kind
-of its input, ``cydnn.ops.backend_of(x)``; layers with parameters check that
-the input is on their own device.  Parameters are created on the CPU in
-float32 and moved with :meth:`Module.to`.  On the CPU a model can be turned to
-float64 with :meth:`Module.double` (for gradient checks); CUDA is float32 only.
-"""
+"""The module system: :class:`Parameter`, :class:`Module` (parameters, children, devices,
+train/eval, state dicts) and :class:`Sequential`; the helpers the layers share."""
 from collections import OrderedDict, namedtuple
 
 import numpy as np
 
-from . import ops
-from .ops._check import pair
-
-__all__ = [
-    "Parameter", "Module", "Sequential",
-    "Conv2d", "MaxPool2d", "AvgPool2d", "Linear",
-    "ReLU", "Tanh", "Sigmoid", "Flatten", "Dropout",
-    "CrossEntropyLoss",
-]
+from .. import ops
 
 DEVICES = ("cpu", "cuda")
 
@@ -108,6 +75,10 @@ class Module:
     ``fc1.weight``, ``0.bias``, ...  Subclasses call ``super().__init__()``
     first, and implement ``forward(x)`` and ``backward(dy)``.
     """
+
+    #: True where ``backward(dy, input_grad=False)`` may skip the input's gradient
+    #: (Conv2d, Linear); Sequential uses it for its first layer.
+    can_skip_input_grad = False
 
     def __init__(self):
         # Set through __dict__ so that __setattr__ below can rely on them.
@@ -372,257 +343,9 @@ class Sequential(Module):
         """
         modules = list(self._modules.values())
         for i, module in enumerate(reversed(modules)):
-            if i == len(modules) - 1 and not input_grad and isinstance(module, _WeightedLayer):
+            if i == len(modules) - 1 and not input_grad and module.can_skip_input_grad:
                 return module.backward(dy, input_grad=False)
             dy = module.backward(dy)
         return dy
 
 
-# --------------------------------------------------------- layers with weights
-def _uniform_fan_in(rng, shape, fan_in):
-    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as float32, on the CPU.
-
-    This is PyTorch's default: ``kaiming_uniform_(w, a=sqrt(5))`` has bound
-    gain * sqrt(3 / fan_in) with gain = sqrt(2 / (1 + a^2)) = sqrt(1/3),
-    i.e. bound = 1 / sqrt(fan_in); the bias uses the same bound.
-    """
-    bound = 1.0 / np.sqrt(fan_in)
-    return rng.uniform(-bound, bound, size=shape).astype(np.float32)
-
-
-class _WeightedLayer(Module):
-    """Shared by Conv2d and Linear: the device check of the input."""
-
-    def _check_input(self, x):
-        if _device_of(x) != self.device:
-            raise ValueError(f"{type(self).__name__} is on {self.device!r} but its input is on "
-                             f"{_device_of(x)!r}: move the input (ops.backend(device).asarray) "
-                             f"or the module (.to(device))")
-
-    def _set_grads(self, dw, db):
-        self.weight.grad = dw
-        if self.bias is not None:
-            self.bias.grad = db
-
-
-class Conv2d(_WeightedLayer):
-    """2-D convolution (cross-correlation, as PyTorch).
-
-    x (N, C_in, H, W) -> y (N, C_out, H_out, W_out) with
-    ``y[n, o] = b[o] + sum_{c, i, j} w[o, c, i, j] * x_pad[n, c, s*h + i, s*w + j]``
-    and ``H_out = (H + 2 p - kh) // s + 1`` (likewise W_out).
-
-    Weight (out_channels, in_channels, kh, kw), bias (out_channels,), both
-    initialised U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels*kh*kw.
-    ``kernel_size``, ``stride``, ``padding``: ints or (h, w) pairs.
-    ``rng``: a ``np.random.Generator``, an int seed, or None (unseeded).
-    """
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0,
-                 bias=True, rng=None):
-        super().__init__()
-        kh, kw = pair(kernel_size, "kernel_size", "Conv2d", minimum=1)
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
-        self.kernel_size = (kh, kw)
-        self.stride, self.padding = stride, padding      # ints or pairs, checked by the op
-        rng = _as_rng(rng)
-        fan_in = self.in_channels * kh * kw
-        self.weight = Parameter(_uniform_fan_in(rng, (self.out_channels, self.in_channels, kh, kw), fan_in))
-        self.bias = Parameter(_uniform_fan_in(rng, (self.out_channels,), fan_in)) if bias else None
-        self._cache = None
-
-    def forward(self, x):
-        self._check_input(x)
-        b = None if self.bias is None else self.bias.data
-        y, self._cache = ops.backend_of(x).conv_forward(
-            x, self.weight.data, b, stride=self.stride, padding=self.padding)
-        return y
-
-    def backward(self, dy, input_grad=True):
-        dx, dw, db = ops.backend_of(dy).conv_backward(dy, _saved(self._cache, self), need_dx=input_grad)
-        self._set_grads(dw, db)
-        return dx
-
-    def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.padding}, bias={self.bias is not None}")
-
-
-class Linear(_WeightedLayer):
-    """Affine map ``y = x W^T + b``: x (N, in_features) -> y (N, out_features).
-
-    Weight (out_features, in_features) as PyTorch, bias (out_features,), both
-    initialised U(-1/sqrt(in_features), 1/sqrt(in_features)).
-    Backward: ``dx = dy W``, ``dW = dy^T x``, ``db = sum_n dy[n]``.
-    """
-
-    def __init__(self, in_features, out_features, bias=True, rng=None):
-        super().__init__()
-        self.in_features, self.out_features = int(in_features), int(out_features)
-        rng = _as_rng(rng)
-        self.weight = Parameter(_uniform_fan_in(rng, (self.out_features, self.in_features), self.in_features))
-        self.bias = Parameter(_uniform_fan_in(rng, (self.out_features,), self.in_features)) if bias else None
-        self._cache = None
-
-    def forward(self, x):
-        self._check_input(x)
-        b = None if self.bias is None else self.bias.data
-        y, self._cache = ops.backend_of(x).linear_forward(x, self.weight.data, b)
-        return y
-
-    def backward(self, dy, input_grad=True):
-        dx, dw, db = ops.backend_of(dy).linear_backward(dy, _saved(self._cache, self), need_dx=input_grad)
-        self._set_grads(dw, db)
-        return dx
-
-    def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-# ------------------------------------------------- layers without parameters
-class _CachedOp(Module):
-    """A parameterless layer made of one op pair ``<name>_forward`` / ``<name>_backward``.
-
-    forward: ``y, cache = op_forward(x, **kwargs)``; backward: ``op_backward(dy, cache)``.
-    """
-
-    op = None  # e.g. "relu"
-
-    def __init__(self, **kwargs):
-        super().__init__()
-        self._kwargs = kwargs
-        self._cache = None
-
-    def forward(self, x):
-        y, self._cache = getattr(ops.backend_of(x), self.op + "_forward")(x, **self._kwargs)
-        return y
-
-    def backward(self, dy):
-        return getattr(ops.backend_of(dy), self.op + "_backward")(dy, _saved(self._cache, self))
-
-    def extra_repr(self):
-        return ", ".join(f"{k}={v}" for k, v in self._kwargs.items())
-
-
-class ReLU(_CachedOp):
-    """``y = max(x, 0)``; ``dx = dy * (y > 0)``."""
-    op = "relu"
-
-
-class Tanh(_CachedOp):
-    """``y = tanh(x)``; ``dx = dy * (1 - y^2)``."""
-    op = "tanh"
-
-
-class Sigmoid(_CachedOp):
-    """``y = 1 / (1 + exp(-x))``; ``dx = dy * y * (1 - y)``."""
-    op = "sigmoid"
-
-
-class MaxPool2d(_CachedOp):
-    """Max over each kernel_size x kernel_size window (stride defaults to kernel_size).
-
-    kernel_size, stride, padding: ints or (h, w) pairs, checked by the op.
-
-    ``H_out = (H + 2 p - k) // s + 1``; padding never wins the max.  Backward
-    routes each ``dy`` to the (first) maximum of its window.
-    """
-    op = "max_pool"
-
-    def __init__(self, kernel_size, stride=None, padding=0):
-        super().__init__(kernel=kernel_size, stride=stride, padding=padding)
-
-
-class AvgPool2d(_CachedOp):
-    """Mean over each kernel_size x kernel_size window (stride defaults to kernel_size).
-
-    kernel_size, stride, padding: ints or (h, w) pairs, checked by the op.
-
-    Padding counts in the mean (PyTorch's ``count_include_pad=True``); backward
-    spreads ``dy / k^2`` evenly over the window.
-    """
-    op = "avg_pool"
-
-    def __init__(self, kernel_size, stride=None, padding=0):
-        super().__init__(kernel=kernel_size, stride=stride, padding=padding)
-
-
-class Flatten(Module):
-    """(N, d1, d2, ...) -> (N, d1*d2*...) without copying; backward reshapes back."""
-
-    def __init__(self):
-        super().__init__()
-        self._input_shape = None
-
-    def forward(self, x):
-        self._input_shape = tuple(x.shape)
-        return ops.backend_of(x).flatten(x)
-
-    def backward(self, dy):
-        return dy.reshape(*_saved(self._input_shape, self))
-
-
-class Dropout(Module):
-    """Inverted dropout: in training, ``y = x * m / (1 - p)`` with ``m ~ Bernoulli(1 - p)``.
-
-    Each element is zeroed with probability ``p`` and the survivors are scaled
-    by 1/(1-p), so E[y] = x and evaluation needs no rescaling: in eval mode
-    the layer is the identity.  Each training forward draws a fresh mask seed
-    from the layer's generator (``rng``: Generator, int seed or None), so runs
-    with the same seed repeat exactly.  0 <= p < 1.
-    """
-
-    def __init__(self, p=0.5, rng=None):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = float(p)
-        self._rng = _as_rng(rng)
-        self._cache = None
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            self._cache = None          # identity: backward passes dy through
-            return x
-        seed = int(self._rng.integers(0, 2**63 - 1))
-        y, self._cache = ops.backend_of(x).dropout_forward(x, p=self.p, seed=seed)
-        return y
-
-    def backward(self, dy):
-        if self._cache is None:
-            return dy
-        return ops.backend_of(dy).dropout_backward(dy, self._cache)
-
-    def extra_repr(self):
-        return f"p={self.p}"
-
-
-# ---------------------------------------------------------------------- loss
-class CrossEntropyLoss(Module):
-    """Mean softmax cross-entropy of logits (N, C) against int labels (N,).
-
-    ``loss = (1/N) sum_n [logsumexp(z_n) - z_n[y_n]]``, and
-    ``dloss/dz = (softmax(z) - onehot(y)) / N``, computed in the same fused op
-    and returned by :meth:`backward`.  The loss is a 0-d array on the logits'
-    device (read it with ``ops.backend_of(loss).to_numpy(loss)``, which waits
-    for the GPU: do it when you need the number, not every step).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self._dlogits = None
-
-    def forward(self, logits, labels):
-        """``labels``: a numpy integer array (its values are range-checked on the host)
-        or, on cuda, an int32 DeviceArray (not range-checked, since that would wait
-        for the GPU: a label outside [0, C) gives a NaN loss instead)."""
-        backend = ops.backend_of(logits)
-        if isinstance(labels, np.ndarray):
-            loss, self._dlogits = backend.softmax_cross_entropy(logits, labels)
-        else:
-            loss, self._dlogits = backend.softmax_cross_entropy(logits, labels, validate=False)
-        return loss
-
-    def backward(self):
-        """dLoss/dlogits of the last forward."""
-        return _saved(self._dlogits, self)

@@ -5,7 +5,7 @@
 
 Prints one line: epoch seconds at batch 64 and 256 (compiled step), the
 GPU-resident forward of 10,000 images, and predict() of one uint8 image
-(p50 / p99).  The settings it is run with are read by cpp/fused_lenet.cu.
+(p50 / p99).  The settings it is run with are read by cpp/fused_lenet.cu and cpp/fused_lenet_train.cu.
 """
 import argparse
 import os

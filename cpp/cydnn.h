@@ -256,7 +256,7 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
 
 /* ============================================================ the fast path
  * The reference path above is one call per op, each with its own checks.
- * The fast path (fused_lenet.cu, fastpath.cu) is built from the same
+ * The fast path (fused_lenet.cu, fused_lenet_train.cu, fastpath.cu) is built from the same
  * formulas for one model family, LeNet-5, and is checked against the
  * reference path by the tests:
  *   - one kernel runs the whole LeNet-5 forward (conv, bias, activation,

@@ -52,12 +52,13 @@ def cpp_dir():
 
 
 def c_source(name):
-    """The C/C++ function ``name`` (e.g. ``cydnn_conv_forward`` or ``conv_forward``) in cpp/*.cu."""
+    """The C/C++ function ``name`` (e.g. ``cydnn_conv_forward`` or ``conv_forward``) in cpp/*.cu, then
+    cpp/*.cuh (the headers the fused kernels share)."""
     folder = cpp_dir()
     if folder is None:
         return f"(cpp/ not found beside {_PKG}: installed from a wheel? the C source ships in the repository)"
     pattern = re.compile(rf"^[A-Za-z_][\w\s\*:<>]*\b{re.escape(name)}\(", re.M)
-    for path in sorted(folder.glob("*.cu")):
+    for path in sorted(folder.glob("*.cu")) + sorted(folder.glob("*.cuh")):
         text = path.read_text()
         for m in pattern.finditer(text):
             brace = text.find("{", m.end())
@@ -71,7 +72,7 @@ def c_source(name):
                     break
                 i += 1
             return f"// {path.name}\n" + text[m.start():i + 1]
-    return f"(no definition of {name} in {folder}/*.cu)"
+    return f"(no definition of {name} in {folder}/*.cu or *.cuh)"
 
 
 def library_calls(c_text):

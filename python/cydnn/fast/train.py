@@ -5,7 +5,7 @@ reference path checks on every call (the model's layers and shapes, the
 optimizer, the batch size), allocates every buffer a step needs (the epoch's
 order, shift seeds and learning rates, the per-block partial gradients, the
 gradients, the counters) and, on the first epoch, captures CUDA graphs of
-the step.  A step is three kernels (cpp/fused_lenet.cu):
+the step.  A step is three kernels (cpp/fused_lenet_train.cu):
 
 1. ``train_kernel``: per block, gather G images of the batch from the
    dataset on the GPU (the same shifts and floats as ``ops.gather_batch``),

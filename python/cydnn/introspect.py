@@ -1,7 +1,7 @@
 """Read cydnn's own source at run time, level by level (for the teaching notebook).
 
 One op call travels numpy -> ``cydnn.ops.cuda`` (Python) -> ``cydnn._C`` (Cython,
-``_C.pyx`` / ``_fast.pxi``, shipped beside the extension) -> ``cpp/*.cu`` (C, found
+``_C.pyx`` / ``_ops.pxi`` / ``_fast.pxi``, shipped beside the extension) -> ``cpp/*.cu`` (C, found
 beside the package in a source checkout or an editable install) -> cuDNN / cuBLAS.
 Each function returns the source text, or a sentence saying where it looked.
 """
@@ -33,8 +33,8 @@ def _block(text, start):
 
 
 def pyx_source(name):
-    """The Cython definition ``def name(`` in the shipped _C.pyx / _fast.pxi."""
-    files = [p for p in (_PKG / "_C.pyx", _PKG / "_fast.pxi") if p.exists()]
+    """The Cython definition ``def name(`` in the shipped _C.pyx / _ops.pxi / _fast.pxi."""
+    files = [p for p in (_PKG / "_C.pyx", _PKG / "_ops.pxi", _PKG / "_fast.pxi") if p.exists()]
     for path in files:
         text = path.read_text()
         m = re.search(rf"^(?:cp)?def {re.escape(name)}\(", text, re.M)

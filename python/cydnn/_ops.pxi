@@ -1,0 +1,173 @@
+# _ops.pxi -- the op wrappers: one ``def`` per C function of cydnn.h's op families
+# (convolution, pooling, activations, linear, losses, optimizers, data).  Included by _C.pyx.
+# Each turns DeviceArrays into typed pointers (f32 / i32 check the dtype) and geometry
+# structs, calls the C function, and turns its status into the library's exception.
+
+# ----------------------------------------------------------- pointer access
+cdef float *f32(DeviceArray a, str what) except NULL:
+    if a is None:
+        raise TypeError(f"{what} must be a DeviceArray, got None")
+    if a.dtype is not _F32 and a.dtype != _F32:
+        raise TypeError(f"{what} must be float32 on the GPU, got {a.dtype}")
+    return <float *>a.data()
+
+
+cdef float *f32_or_null(DeviceArray a, str what) except? NULL:
+    return <float *>NULL if a is None else f32(a, what)
+
+
+cdef int32_t *i32(DeviceArray a, str what) except NULL:
+    if a is None:
+        raise TypeError(f"{what} must be a DeviceArray, got None")
+    if a.dtype != _I32:
+        raise TypeError(f"{what} must be int32 on the GPU, got {a.dtype}")
+    return <int32_t *>a.data()
+
+
+# --------------------------------------------------------------- convolution
+cdef cydnnConvGeometry conv_geometry(tuple x_shape, tuple w_shape, tuple stride, tuple padding):
+    cdef cydnnConvGeometry g
+    g.n, g.c, g.h, g.w = x_shape
+    g.k, _, g.kh, g.kw = w_shape
+    g.stride_h, g.stride_w = stride
+    g.pad_h, g.pad_w = padding
+    return g
+
+
+def conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None, tuple stride, tuple padding):
+    """y = conv(x, w) + b: cydnn_conv_forward -> cudnnConvolutionForward (+ cudnnAddTensor)."""
+    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
+    check(cydnn_conv_forward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y")),
+          "conv_forward")
+
+
+def conv_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dw not None,
+                  DeviceArray db, tuple stride, tuple padding):
+    """dx (backward data), dw (backward filter), db (backward bias); dx and db may be None."""
+    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
+    cdef cydnnContext *c = ctx()
+    if dx is not None:
+        check(cydnn_conv_backward_data(c, &g, f32(dy, "dy"), f32(w, "w"), f32(dx, "dx")), "conv_backward")
+    check(cydnn_conv_backward_filter(c, &g, f32(x, "x"), f32(dy, "dy"), f32(dw, "dw")), "conv_backward")
+    if db is not None:
+        check(cydnn_conv_backward_bias(c, &g, f32(dy, "dy"), f32(db, "db")), "conv_backward")
+
+
+# ------------------------------------------------------------------- pooling
+cdef cydnnPoolGeometry pool_geometry(tuple x_shape, tuple kernel, tuple stride, tuple padding):
+    cdef cydnnPoolGeometry g
+    g.n, g.c, g.h, g.w = x_shape
+    g.kh, g.kw = kernel
+    g.stride_h, g.stride_w = stride
+    g.pad_h, g.pad_w = padding
+    return g
+
+
+def max_pool_forward(DeviceArray x not None, DeviceArray y not None, tuple kernel, tuple stride, tuple padding):
+    cdef cydnnPoolGeometry g = pool_geometry(x.shape, kernel, stride, padding)
+    check(cydnn_max_pool_forward(ctx(), &g, f32(x, "x"), f32(y, "y")), "max_pool_forward")
+
+
+def max_pool_backward(DeviceArray x not None, DeviceArray dy not None, DeviceArray dx, tuple kernel, tuple stride, tuple padding):
+    cdef cydnnPoolGeometry g = pool_geometry(x.shape, kernel, stride, padding)
+    check(cydnn_max_pool_backward(ctx(), &g, f32(x, "x"), f32(dy, "dy"), f32(dx, "dx")), "max_pool_backward")
+
+
+def avg_pool_forward(DeviceArray x not None, DeviceArray y not None, tuple kernel, tuple stride, tuple padding):
+    cdef cydnnPoolGeometry g = pool_geometry(x.shape, kernel, stride, padding)
+    check(cydnn_avg_pool_forward(ctx(), &g, f32(x, "x"), f32(y, "y")), "avg_pool_forward")
+
+
+def avg_pool_backward(DeviceArray x not None, DeviceArray y not None, DeviceArray dy not None, DeviceArray dx, tuple kernel, tuple stride,
+                      tuple padding):
+    cdef cydnnPoolGeometry g = pool_geometry(x.shape, kernel, stride, padding)
+    check(cydnn_avg_pool_backward(ctx(), &g, f32(x, "x"), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx")),
+          "avg_pool_backward")
+
+
+# --------------------------------------------------------------- activations
+def relu_forward(DeviceArray x not None, DeviceArray y not None):
+    check(cydnn_relu_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size), "relu_forward")
+
+
+def relu_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray dx):
+    check(cydnn_relu_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"), y.size), "relu_backward")
+
+
+def tanh_forward(DeviceArray x not None, DeviceArray y not None):
+    check(cydnn_tanh_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size), "tanh_forward")
+
+
+def tanh_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray dx):
+    check(cydnn_tanh_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"), y.size), "tanh_backward")
+
+
+def sigmoid_forward(DeviceArray x not None, DeviceArray y not None):
+    check(cydnn_sigmoid_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size), "sigmoid_forward")
+
+
+def sigmoid_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray dx):
+    check(cydnn_sigmoid_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"), y.size), "sigmoid_backward")
+
+
+def dropout_forward(DeviceArray x not None, DeviceArray y not None, DeviceArray mask not None, uint32_t threshold, float scale,
+                    uint64_t seed):
+    check(cydnn_dropout_forward(ctx(), f32(x, "x"), f32(y, "y"), f32(mask, "mask"), x.size, threshold, scale,
+                                seed), "dropout_forward")
+
+
+def mul(DeviceArray a not None, DeviceArray b, DeviceArray out not None):
+    """out = a * b, elementwise (dropout's backward)."""
+    check(cydnn_mul(ctx(), f32(a, "a"), f32(b, "b"), f32(out, "out"), a.size), "mul")
+
+
+# -------------------------------------------------------------------- linear
+def linear_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None):
+    """y = x w^T + b: cydnn_linear_forward -> cublasSgemm (+ bias kernel)."""
+    check(cydnn_linear_forward(ctx(), f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"),
+                               x.shape[0], x.shape[1], w.shape[0]), "linear_forward")
+
+
+def linear_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dw not None, DeviceArray db):
+    check(cydnn_linear_backward(ctx(), f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
+                                f32(dw, "dw"), f32_or_null(db, "db"), x.shape[0], x.shape[1], w.shape[0]),
+          "linear_backward")
+
+
+# -------------------------------------------------------------------- losses
+def softmax_forward(DeviceArray x not None, DeviceArray y not None, bint log):
+    check(cydnn_softmax_forward(ctx(), f32(x, "x"), f32(y, "y"), x.shape[0], x.shape[1], log),
+          "log_softmax" if log else "softmax")
+
+
+def softmax_cross_entropy(DeviceArray logits not None, DeviceArray labels, DeviceArray loss not None, DeviceArray dlogits not None,
+                          DeviceArray bad_labels):
+    cdef int32_t *bad = <int32_t *>NULL if bad_labels is None else i32(bad_labels, "bad_labels")
+    check(cydnn_softmax_cross_entropy(ctx(), f32(logits, "logits"), i32(labels, "labels"), logits.shape[0],
+                                      logits.shape[1], f32(loss, "loss"), f32(dlogits, "dlogits"), bad),
+          "softmax_cross_entropy")
+
+
+# ---------------------------------------------------------------- optimizers
+def sgd_update(DeviceArray param not None, DeviceArray grad not None, DeviceArray momentum_buf, float lr, float momentum,
+               float dampening, float weight_decay, bint nesterov, bint first_step):
+    check(cydnn_sgd_update(ctx(), f32(param, "param"), f32(grad, "grad"), f32_or_null(momentum_buf, "momentum_buf"),
+                           param.size, lr, momentum, dampening, weight_decay, nesterov, first_step), "sgd_update")
+
+
+def adam_update(DeviceArray param not None, DeviceArray grad not None, DeviceArray m not None, DeviceArray v not None, float lr, double beta1,
+                double beta2, float eps, float weight_decay, bint decoupled, int step):
+    check(cydnn_adam_update(ctx(), f32(param, "param"), f32(grad, "grad"), f32(m, "m"), f32(v, "v"), param.size,
+                            lr, beta1, beta2, eps, weight_decay, decoupled, step), "adam_update")
+
+
+# ---------------------------------------------------------------------- data
+def gather_batch(DeviceArray images not None, DeviceArray labels, DeviceArray indices not None, float mean, float std, int pad,
+                 int max_shift, uint64_t seed, DeviceArray out_images not None, DeviceArray out_labels):
+    if images.dtype != _U8:
+        raise TypeError(f"gather_batch: images must be uint8 on the GPU, got {images.dtype}")
+    cdef int32_t *lab = <int32_t *>NULL if labels is None else i32(labels, "labels")
+    cdef int32_t *out_lab = <int32_t *>NULL if out_labels is None else i32(out_labels, "out_labels")
+    check(cydnn_gather_batch(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
+                             images.shape[2], i32(indices, "indices"), indices.shape[0], mean, std, pad,
+                             max_shift, seed, f32(out_images, "out_images"), out_lab), "gather_batch")

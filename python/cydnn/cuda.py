@@ -137,7 +137,7 @@ def conv_algorithms():
 
     ``time_ms`` is the chosen algorithm's measured time.  Candidates with a
     non-zero status did not run for this shape; with TF32 off, tensor-op and
-    Winograd results are measured but never chosen (see cpp/conv.cu).
+    Winograd results are measured but never chosen (see cpp/conv_plan.cu).
     """
     out = []
     for line in _C.conv_algorithms_text().splitlines():

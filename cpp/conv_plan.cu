@@ -94,11 +94,29 @@ cudnnMathType_t run_math(const ConvPlan *plan, cudnnMathType_t winner) {
     return plan->allow_tf32 ? winner : CUDNN_FMA_MATH;
 }
 
-template <class Perf>
-void record(ConvPlan *plan, int direction, const Perf *perf, int count) {
+// Keep the fastest usable result of a Find call as the direction's choice (algorithm,
+// workspace, math type) and record everything measured for cydnn_conv_algorithms.
+template <class Perf, class Algo>
+cydnnStatus_t keep_fastest(ConvPlan *plan, int direction, const Perf *perf, int count,
+                           size_t workspace_bytes, const char *op, Algo *algo, size_t *workspace,
+                           cudnnMathType_t *math, bool *found) {
+    const int best = pick_fastest(plan, perf, count, workspace_bytes);
+    if (best < 0) return no_algorithm(plan, op, count);
+    *algo = perf[best].algo;
+    *workspace = perf[best].memory;
+    *math = run_math(plan, perf[best].mathType);
+    *found = true;
     plan->measured[direction].clear();
     for (int i = 0; i < count; ++i)
         plan->measured[direction].push_back({(int)perf[i].algo, perf[i].time, (int)perf[i].status, perf[i].memory});
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// Before a Find call: its workspace, and the descriptor in the math type to measure with.
+cydnnStatus_t begin_search(cydnnContext *ctx, ConvPlan *plan, const char *op, void **ws,
+                           size_t *ws_bytes) {
+    CYDNN_TRY(search_workspace(ctx, op, ws, ws_bytes));
+    return use_math(plan, plan->search_math, op);
 }
 
 }  // namespace
@@ -195,8 +213,7 @@ cydnnStatus_t find_forward(cydnnContext *ctx, ConvPlan *plan, const float *x, co
                            float *y, const char *op) {
     void *ws = nullptr;
     size_t ws_bytes = 0;
-    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
-    CYDNN_TRY(use_math(plan, plan->search_math, op));
+    CYDNN_TRY(begin_search(ctx, plan, op, &ws, &ws_bytes));
 
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
@@ -204,23 +221,15 @@ cydnnStatus_t find_forward(cydnnContext *ctx, ConvPlan *plan, const float *x, co
                         ctx->cudnn, plan->x_desc, x, plan->w_desc, w, plan->conv_desc,
                         plan->y_desc, y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws,
                         ws_bytes));
-    const int best = pick_fastest(plan, perf, returned, ws_bytes);
-    if (best < 0) return no_algorithm(plan, op, returned);
-
-    plan->fwd_algo = perf[best].algo;
-    plan->fwd_workspace = perf[best].memory;
-    plan->fwd_math = run_math(plan, perf[best].mathType);
-    plan->fwd_found = true;
-    record(plan, 0, perf, returned);
-    return CYDNN_STATUS_SUCCESS;
+    return keep_fastest(plan, 0, perf, returned, ws_bytes, op, &plan->fwd_algo,
+                        &plan->fwd_workspace, &plan->fwd_math, &plan->fwd_found);
 }
 
 cydnnStatus_t find_backward_data(cydnnContext *ctx, ConvPlan *plan, const float *dy,
                                  const float *w, float *dx, const char *op) {
     void *ws = nullptr;
     size_t ws_bytes = 0;
-    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
-    CYDNN_TRY(use_math(plan, plan->search_math, op));
+    CYDNN_TRY(begin_search(ctx, plan, op, &ws, &ws_bytes));
 
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int returned = 0;
@@ -228,23 +237,15 @@ cydnnStatus_t find_backward_data(cydnnContext *ctx, ConvPlan *plan, const float 
                         ctx->cudnn, plan->w_desc, w, plan->y_desc, dy, plan->conv_desc,
                         plan->x_desc, dx, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf,
                         ws, ws_bytes));
-    const int best = pick_fastest(plan, perf, returned, ws_bytes);
-    if (best < 0) return no_algorithm(plan, op, returned);
-
-    plan->bwd_data_algo = perf[best].algo;
-    plan->bwd_data_workspace = perf[best].memory;
-    plan->bwd_data_math = run_math(plan, perf[best].mathType);
-    plan->bwd_data_found = true;
-    record(plan, 1, perf, returned);
-    return CYDNN_STATUS_SUCCESS;
+    return keep_fastest(plan, 1, perf, returned, ws_bytes, op, &plan->bwd_data_algo,
+                        &plan->bwd_data_workspace, &plan->bwd_data_math, &plan->bwd_data_found);
 }
 
 cydnnStatus_t find_backward_filter(cydnnContext *ctx, ConvPlan *plan, const float *x,
                                    const float *dy, float *dw, const char *op) {
     void *ws = nullptr;
     size_t ws_bytes = 0;
-    CYDNN_TRY(search_workspace(ctx, op, &ws, &ws_bytes));
-    CYDNN_TRY(use_math(plan, plan->search_math, op));
+    CYDNN_TRY(begin_search(ctx, plan, op, &ws, &ws_bytes));
 
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
@@ -252,15 +253,8 @@ cydnnStatus_t find_backward_filter(cydnnContext *ctx, ConvPlan *plan, const floa
                         ctx->cudnn, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
                         plan->w_desc, dw, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
                         perf, ws, ws_bytes));
-    const int best = pick_fastest(plan, perf, returned, ws_bytes);
-    if (best < 0) return no_algorithm(plan, op, returned);
-
-    plan->bwd_filter_algo = perf[best].algo;
-    plan->bwd_filter_workspace = perf[best].memory;
-    plan->bwd_filter_math = run_math(plan, perf[best].mathType);
-    plan->bwd_filter_found = true;
-    record(plan, 2, perf, returned);
-    return CYDNN_STATUS_SUCCESS;
+    return keep_fastest(plan, 2, perf, returned, ws_bytes, op, &plan->bwd_filter_algo,
+                        &plan->bwd_filter_workspace, &plan->bwd_filter_math, &plan->bwd_filter_found);
 }
 
 }  // namespace conv

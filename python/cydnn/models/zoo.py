@@ -83,7 +83,7 @@ class MLP(ImageClassifier):
         if math.prod(shape) != sizes[0]:
             raise ValueError(f"{owner}: sizes[0] = {sizes[0]} must be C*H*W = {math.prod(shape)} of input_shape "
                              f"{shape}")
-        if activation not in ACTIVATIONS:
+        if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"{owner}: activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
             raise ValueError(f"{owner}: dropout must be a number in [0, 1), got {dropout!r}")

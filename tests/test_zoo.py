@@ -21,6 +21,24 @@ needs_gap = pytest.mark.skipif(not hasattr(cydnn.nn, "AdaptiveAvgPool2d"), reaso
 needs_bn = pytest.mark.skipif(not hasattr(cydnn.nn, "BatchNorm2d"), reason="needs nn.BatchNorm2d")
 
 
+def _per_channel_configs_load():
+    """Whether serialization accepts a per-channel (list) mean/std in a config (a change asked of it)."""
+    from cydnn import models, serialization
+    try:
+        serialization._check_config({"arch": "MLP", "mean": [0.1, 0.2, 0.3], "std": [0.3, 0.2, 0.1]}, "probe", models)
+    except serialization.CheckpointError:
+        return False
+    return True
+
+
+#: Models with per-channel statistics are saved, but load only once serialization._check_config takes
+#: lists for mean/std; until then these tests fail with exactly that CheckpointError (and must).
+per_channel_load = pytest.mark.xfail(not _per_channel_configs_load(), strict=True,
+                                     raises=serialization.CheckpointError,
+                                     reason="serialization._check_config refuses a per-channel (list) mean/std "
+                                            "(change reported to the lead)")
+
+
 def images(shape, seed=0):
     return np.random.default_rng(seed).integers(0, 256, shape).astype(np.uint8)
 
@@ -338,8 +356,7 @@ ZOO = {
                                 marks=[needs_gap, needs_bn]),
     "mlp-per-channel": pytest.param(
         lambda: models.MLP(sizes=(48, 10, 4), input_shape=(3, 4, 4), mean=(0.1, 0.2, 0.3), std=(0.3, 0.2, 0.1)),
-        marks=pytest.mark.xfail(strict=True, raises=CheckpointError,
-                                reason="serialization._check_config refuses a list mean/std (change reported)")),
+        marks=per_channel_load),
 }
 
 

@@ -18,7 +18,7 @@ from .executor import Bound
 from .lower import lower_inference, lower_training
 from .passes import fuse, plan_memory
 from .trace import Unsupported, _leaves, trace
-from .train_step import FlatState, optimizer_reason
+from .train_step import LR_TABLE, FlatState, optimizer_reason
 
 __all__ = ["CompiledStep", "CompiledInference", "signature"]
 
@@ -124,6 +124,7 @@ class CompiledStep:
         self._sig = None
         self._lenet = None
         self._lenet_reason = None
+        self._num_classes = {}
 
     def _reference_reason(self):
         if type(self.loss_fn) is not nn.CrossEntropyLoss:
@@ -227,8 +228,10 @@ class CompiledStep:
         return x, y
 
     def _classes(self, x):
-        nodes = trace(self.model, tuple(x.shape[1:]), 1)
-        return nodes[-1].out_shape[-1]
+        shape = tuple(x.shape[1:])
+        if shape not in self._num_classes:
+            self._num_classes[shape] = trace(self.model, shape, 1)[-1].out_shape[-1]
+        return self._num_classes[shape]
 
     @staticmethod
     def _feed(runner, x, y):
@@ -249,6 +252,7 @@ class CompiledStep:
             _C.synchronize()
         start = time.perf_counter()
         if self.mode == "reference":
+            self.mode_used = "reference"
             nsteps, images, loss, right = reference_epoch(self.model, self.loss_fn, self.optimizer, loader,
                                                           scheduler, steps, progress)
         else:
@@ -275,17 +279,18 @@ class CompiledStep:
         t0 = scheduler.last_epoch if scheduler is not None else 0
         images = 0
         started = False
+        lrs = np.array([scheduler.lr_at(t0 + j) for j in range(nsteps)], np.float32) if scheduler else None
         for i, (x, y) in enumerate(loader):
             if i >= nsteps:
                 break
             runner = self._runner(x.shape[0], x.shape[1:])
-            if not started:       # counters and the epoch's learning rates, once
+            if not started:       # the counters, once an epoch
                 self._flat.set_counters(opt.state[0]["step"], 0)
-                if scheduler is not None:
-                    self._flat.set_schedule(np.array([scheduler.lr_at(t0 + j) for j in range(nsteps)], np.float32))
-                else:
+                if lrs is None:
                     self._flat.set_lr(opt.lr)
                 started = True
+            if lrs is not None and i % LR_TABLE == 0:     # the epoch's learning rates, a table at a time
+                self._flat.set_schedule(lrs, first=i)
             self._feed(runner, x, y)
             if not runner.ready:
                 runner.prepare(self._snapshot, compare=("loss",))

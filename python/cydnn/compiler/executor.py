@@ -102,7 +102,7 @@ class Bound:
                 continue
             if buf.role in ARENA_ROLES:
                 arrays[name] = _C.view(self.arena, buf.offset // 4, buf.shape)
-            elif buf.role in ("input", "label") or (buf.role == "act" and buf.offset is None):
+            elif buf.role in ("input", "label", "output"):
                 arrays[name] = _C.empty(buf.shape, buf.dtype)
             else:
                 raise ValueError(f"compiler: buffer {name!r} ({buf.role}) was not given")

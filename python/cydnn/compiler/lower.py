@@ -143,7 +143,7 @@ def lower_training(groups, nodes, batch, log=()):
     plan = Plan("train", batch, nodes, log=list(log))
     plan.buffer("x", (batch,) + nodes[0].in_shape[1:], role="input")
     plan.buffer("labels", (batch,), "int32", role="label")
-    plan.buffer("loss", (), role="control")
+    plan.buffer("loss", (), role="output")
     plan.buffer("counters", (6,), "int32", role="control")   # cydnnStepCounters: 24 bytes
     plan.buffer("lr", (1,), role="control")
     _params(plan, groups, training=True)

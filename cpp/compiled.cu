@@ -6,7 +6,7 @@
 //
 //   bias_act_forward    y = act(x + bias[c])             replaces add-bias + activation
 //   bias_act_backward   g = dy * act'(y); dbias[c] = sum g   replaces activation backward
-//                                                         + bias gradient
+//                       + bias gradient (chunks of a channel in parallel, then their sums in order)
 //   flat_update         one launch updates every parameter (SGD / Adam / AdamW) over
 //                       flat parameter, gradient and state buffers; lr and the step
 //                       number come from device memory (a schedule needs no re-capture)
@@ -55,32 +55,44 @@ __global__ void bias_act_forward_kernel(const float *x, const float *bias, float
     }
 }
 
-// One block per channel c: g = dy * act'(y) over the (n, inner) elements of the
-// channel, written to dx, and their sum to dbias[c] (fixed reduction order: the
-// same bits every run).  dbias may be NULL (then it is an activation backward).
+// g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
+// kChunk elements, written to dx; the chunk's sum of g goes to partial[c * chunks + p]
+// (or straight to dbias[c] when one chunk covers the channel).  Fixed reduction order in
+// the block, and bias_sum_kernel adds a channel's chunks in order: the same bits every run.
 constexpr int kReduceThreads = 256;
+constexpr size_t kChunk = 8192;
 
-__global__ void bias_act_backward_kernel(const float *y, const float *dy, float *dx, float *dbias,
-                                         int n, int channels, size_t inner, int act, float slope) {
-    __shared__ float partial[kReduceThreads];
-    const int c = blockIdx.x;
-    const size_t per_channel = (size_t)n * inner;
+__global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
+                                            int channels, size_t inner, size_t per_channel, int chunks,
+                                            int act, float slope) {
+    __shared__ float sums[kReduceThreads];
+    const int c = blockIdx.y;
+    const size_t begin = (size_t)blockIdx.x * kChunk;
+    const size_t end = begin + kChunk < per_channel ? begin + kChunk : per_channel;
     float sum = 0.0f;
-    for (size_t k = threadIdx.x; k < per_channel; k += blockDim.x) {
+    for (size_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const size_t row = k / inner, col = k % inner;
         const size_t i = (row * channels + c) * inner + col;
         const float g = dy[i] * derivative(y[i], act, slope);
         if (dx != nullptr) dx[i] = g;
         sum += g;
     }
-    if (dbias == nullptr) return;
-    partial[threadIdx.x] = sum;
+    if (partial == nullptr) return;
+    sums[threadIdx.x] = sum;
     __syncthreads();
     for (int half = blockDim.x / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        if ((int)threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) dbias[c] = partial[0];
+    if (threadIdx.x == 0) partial[(size_t)c * chunks + blockIdx.x] = sums[0];
+}
+
+__global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float total = 0.0f;
+    for (int p = 0; p < chunks; ++p) total += partial[(size_t)c * chunks + p];
+    dbias[c] = total;
 }
 
 // The update of every parameter in one launch (optimizer.cu's formulas).  The step
@@ -190,9 +202,25 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
                   n, channels, inner);
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
-    bias_act_backward_kernel<<<channels, kReduceThreads, 0, ctx->stream>>>(y, dy, dx, dbias, n, channels,
-                                                                          inner, act, slope);
-    CYDNN_LAUNCH_CHECK(op, "bias_act_backward_kernel");
+    const size_t per_channel = (size_t)n * inner;
+    const int chunks = (int)((per_channel + kChunk - 1) / kChunk);
+    CYDNN_REQUIRE(op, channels <= 65535, "at most 65535 channels, got %d", channels);
+    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
+    void *scratch = nullptr;
+    if (dbias != nullptr && chunks > 1) {
+        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
+        partial = static_cast<float *>(scratch);
+    }
+    act_backward_partial_kernel<<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+        y, dy, dx, dbias == nullptr ? nullptr : partial, channels, inner, per_channel, chunks, act, slope);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && scratch != nullptr) {
+        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
+            partial, dbias, channels, chunks);
+        e = cudaGetLastError();
+    }
+    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
+    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, "launch of act_backward_partial_kernel / bias_sum_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 

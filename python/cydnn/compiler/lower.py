@@ -15,6 +15,7 @@ from .passes import ACTIVATIONS
 __all__ = ["lower_inference", "lower_training", "param_names"]
 
 _CONV_FWD = "cudnnConvolutionForward"
+LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
 _GEMM = "cublasSgemm"
 
 
@@ -145,7 +146,7 @@ def lower_training(groups, nodes, batch, log=()):
     plan.buffer("labels", (batch,), "int32", role="label")
     plan.buffer("loss", (), role="output")
     plan.buffer("counters", (6,), "int32", role="control")   # cydnnStepCounters: 24 bytes
-    plan.buffer("lr", (1,), role="control")
+    plan.buffer("lr", (LR_TABLE,), role="control")
     _params(plan, groups, training=True)
     outs = []
     src = "x"

@@ -17,7 +17,7 @@ from . import lenet
 from .executor import Bound
 from .lower import lower_inference, lower_training
 from .passes import fuse, plan_memory
-from .trace import Unsupported, _leaves, trace
+from .trace import Unsupported, trace
 from .train_step import LR_TABLE, FlatState, optimizer_reason
 
 __all__ = ["CompiledStep", "CompiledInference", "signature"]
@@ -25,20 +25,46 @@ __all__ = ["CompiledStep", "CompiledInference", "signature"]
 log = logging.getLogger("cydnn.compiler")
 
 
+class Signature:
+    """What a bound plan depends on: every module's children, every parameter object and its array.
+
+    ``fresh()`` checks, by identity only, that none of them was replaced since (a few
+    microseconds: it runs on every call).  Values changing in place (training, ``copy_``)
+    need no check: the plan reads the arrays themselves.
+    """
+
+    def __init__(self, model):
+        self.entries = []          # (dict, key, object it held)
+        self.arrays = []           # (Parameter, array it held)
+        stack = [model]
+        while stack:
+            m = stack.pop()
+            self.entries.append((m.__dict__, "_modules", m._modules))
+            self.entries.append((m.__dict__, "_parameters", m._parameters))
+            for key, child in m._modules.items():
+                self.entries.append((m._modules, key, child))
+                stack.append(child)
+            for key, p in m._parameters.items():
+                self.entries.append((m._parameters, key, p))
+                if p is not None:
+                    self.arrays.append((p, p.data))
+        self.sizes = [(v, len(v)) for d, k, v in self.entries if k in ("_modules", "_parameters")]
+
+    def fresh(self):
+        for d, key, obj in self.entries:
+            if d.get(key) is not obj:
+                return False
+        for p, data in self.arrays:
+            if p.data is not data:
+                return False
+        for table, size in self.sizes:
+            if len(table) != size:
+                return False
+        return True
+
+
 def signature(model):
-    """What a bound plan depends on: the leaf modules, their Parameter objects and arrays."""
-    out = []
-    for _, m in _leaves(model):
-        out.append(m)
-        for p in m._parameters.values():
-            if p is not None:
-                out.append(p)
-                out.append(p.data)
-    return tuple(out)
-
-
-def _same(a, b):
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return Signature(model)
 
 
 def _build_plan(model, input_shape, batch, training, options, softmax=False):
@@ -141,8 +167,7 @@ class CompiledStep:
 
     # -- planning --------------------------------------------------------------
     def _runner(self, batch, input_shape):
-        sig = signature(self.model)
-        if self._sig is None or not _same(sig, self._sig) or not self._flat.fresh(self._flat.params):
+        if self._sig is None or not self._sig.fresh() or not self._flat.fresh(self._flat.params):
             self._replan()
         key = (batch, tuple(input_shape))
         runner = self._runners.get(key)
@@ -403,9 +428,8 @@ class CompiledInference:
         self.lenet_reason = None
 
     def _fresh(self):
-        sig = signature(self.model)
-        if self._sig is None or not _same(sig, self._sig):
-            self._runners, self._lenet, self._sig = {}, None, sig
+        if self._sig is None or not self._sig.fresh():
+            self._runners, self._lenet, self._sig = {}, None, signature(self.model)
             self._plan_lenet()
 
     def _plan_lenet(self):

@@ -149,7 +149,7 @@ class Module:
             raise ValueError(f"register_buffer: the name must be an identifier, got {name!r}")
         if name in self._parameters or name in self._modules or name in self.__dict__ or hasattr(type(self), name):
             raise KeyError(f"register_buffer: {type(self).__name__} already has an attribute {name!r}")
-        if array is not None and not (isinstance(array, np.ndarray) or _device_of(array) == "cuda"):
+        if array is not None and not all(hasattr(array, attr) for attr in ("shape", "dtype", "reshape")):
             raise TypeError(f"register_buffer {name!r}: expected an array or None, got {type(array).__name__}")
         self._buffers[name] = array
 

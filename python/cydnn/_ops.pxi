@@ -1,5 +1,5 @@
 # _ops.pxi -- the op wrappers: one ``def`` per C function of cydnn.h's op families
-# (convolution, pooling, activations, linear, losses, optimizers, data).  Included by _C.pyx.
+# (convolution, pooling, activations, batch normalization, linear, losses, optimizers, data).  Included by _C.pyx.
 # Each turns DeviceArrays into typed pointers (f32 / i32 check the dtype) and geometry
 # structs, calls the C function, and turns its status into the library's exception.
 
@@ -94,6 +94,15 @@ def relu_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray d
     check(cydnn_relu_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"), y.size), "relu_backward")
 
 
+def leaky_relu_forward(DeviceArray x not None, DeviceArray y not None, float negative_slope):
+    check(cydnn_leaky_relu_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size, negative_slope), "leaky_relu_forward")
+
+
+def leaky_relu_backward(DeviceArray x not None, DeviceArray dy not None, DeviceArray dx, float negative_slope):
+    check(cydnn_leaky_relu_backward(ctx(), f32(x, "x"), f32(dy, "dy"), f32(dx, "dx"), x.size, negative_slope),
+          "leaky_relu_backward")
+
+
 def tanh_forward(DeviceArray x not None, DeviceArray y not None):
     check(cydnn_tanh_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size), "tanh_forward")
 
@@ -119,6 +128,47 @@ def dropout_forward(DeviceArray x not None, DeviceArray y not None, DeviceArray 
 def mul(DeviceArray a not None, DeviceArray b, DeviceArray out not None):
     """out = a * b, elementwise (dropout's backward)."""
     check(cydnn_mul(ctx(), f32(a, "a"), f32(b, "b"), f32(out, "out"), a.size), "mul")
+
+
+# ------------------------------------------------------- batch normalization
+cdef tuple nchw(DeviceArray x):
+    """x's shape as (n, c, h, w): (n, c) is (n, c, 1, 1), (n, c, l) is (n, c, l, 1)."""
+    return (tuple(x.shape) + (1, 1))[:4]
+
+
+def batch_norm_forward(DeviceArray x not None, DeviceArray gamma not None, DeviceArray beta not None,
+                       DeviceArray running_mean, DeviceArray running_var, bint training, double factor,
+                       double eps, DeviceArray y not None, DeviceArray save_mean, DeviceArray save_inv_std):
+    """Training: cudnnBatchNormalizationForwardTraining (running statistics may be None); inference:
+    cudnnBatchNormalizationForwardInference (save_mean / save_inv_std may be None)."""
+    n, c, h, w = nchw(x)
+    if training:
+        check(cydnn_batch_norm_forward_training(
+            ctx(), n, c, h, w, f32(x, "x"), f32(gamma, "gamma"), f32(beta, "beta"), factor,
+            f32_or_null(running_mean, "running_mean"), f32_or_null(running_var, "running_var"), eps, f32(y, "y"),
+            f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std")), "batch_norm_forward")
+    else:
+        check(cydnn_batch_norm_forward_inference(
+            ctx(), n, c, h, w, f32(x, "x"), f32(gamma, "gamma"), f32(beta, "beta"),
+            f32(running_mean, "running_mean"), f32(running_var, "running_var"), eps, f32(y, "y"),
+            f32_or_null(save_mean, "save_mean"), f32_or_null(save_inv_std, "save_inv_std")), "batch_norm_forward")
+
+
+def batch_norm_backward(DeviceArray x not None, DeviceArray dy not None, DeviceArray gamma not None,
+                        DeviceArray save_mean not None, DeviceArray save_inv_std not None, bint training, double eps,
+                        DeviceArray dx not None, DeviceArray dgamma not None, DeviceArray dbeta not None):
+    """Training: cudnnBatchNormalizationBackward; inference: the custom kernel (constant statistics)."""
+    n, c, h, w = nchw(x)
+    if training:
+        check(cydnn_batch_norm_backward(ctx(), n, c, h, w, f32(x, "x"), f32(dy, "dy"), f32(gamma, "gamma"),
+                                        f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std"), eps,
+                                        f32(dx, "dx"), f32(dgamma, "dgamma"), f32(dbeta, "dbeta")),
+              "batch_norm_backward")
+    else:
+        check(cydnn_batch_norm_backward_inference(ctx(), n, c, h, w, f32(x, "x"), f32(dy, "dy"), f32(gamma, "gamma"),
+                                                  f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std"),
+                                                  f32(dx, "dx"), f32(dgamma, "dgamma"), f32(dbeta, "dbeta")),
+              "batch_norm_backward")
 
 
 # -------------------------------------------------------------------- linear

@@ -13,6 +13,8 @@
 //   step_bookkeeping    after the update: loss sum, correct count, step counters
 //   dropout_step        dropout whose seed mixes in the device step counter, so a
 //                       replayed graph draws a new mask every step
+//   fold_batch_norm     inference: a batch norm's running statistics folded into the weights
+//                       and bias of the layer before it (computed in the graph, so it is fresh)
 //
 // Activations (act): 0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 leaky relu (slope).
 // Each derivative is written in terms of the output y, as the per-op backward kernels:
@@ -176,7 +178,36 @@ __global__ void dropout_step_kernel(const float *x, float *y, float *mask, size_
     }
 }
 
+// w_out[o, k] = w[o, k] * s[o] and b_out[o] = (b[o] - mean[o]) * s[o] + beta[o], s = gamma / sqrt(var + eps):
+// a batch norm in inference (running statistics) folded into the layer before it.
+__global__ void fold_batch_norm_kernel(const float *w, const float *b, const float *gamma, const float *beta,
+                                       const float *mean, const float *var, float eps, int out, size_t per_out,
+                                       float *w_out, float *b_out) {
+    const size_t total = (size_t)out * per_out;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const size_t o = i / per_out;
+        const float s = gamma[o] / sqrtf(var[o] + eps);
+        w_out[i] = w[i] * s;
+        if (i % per_out == 0) b_out[o] = ((b != nullptr ? b[o] : 0.0f) - mean[o]) * s + beta[o];
+    }
+}
+
 }  // namespace
+
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out) {
+    const char *op = "fold_batch_norm";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, w && gamma && beta && mean && var && w_out && b_out, "a pointer is NULL");
+    CYDNN_REQUIRE(op, out >= 1 && per_out >= 1, "sizes must be >= 1 (out=%d, per_out=%zu)", out, per_out);
+    const size_t total = (size_t)out * per_out;
+    fold_batch_norm_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
+    CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
 
 cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
                                      int n, int channels, size_t inner, int act, float slope) {

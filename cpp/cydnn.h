@@ -458,6 +458,12 @@ cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u);
 cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
                                      int c, const float *loss, cydnnStepCounters *counters);
 
+/* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
+ * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out);
+
 /* cydnn_dropout_forward with the seed splitmix64(seed ^ counters->global_step):
  * a new mask every replayed step. */
 cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,

@@ -265,3 +265,6 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
                                      uint32_t threshold, float scale, uint64_t seed,
                                      const cydnnStepCounters *counters)
+    cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                        const float *beta, const float *mean, const float *var, float eps, int out,
+                                        size_t per_out, float *w_out, float *b_out)

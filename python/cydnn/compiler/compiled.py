@@ -48,6 +48,9 @@ class Signature:
                 self.entries.append((m._parameters, key, p))
                 if p is not None:
                     self.arrays.append((p, p.data))
+            for key, a in getattr(m, "_buffers", {}).items():
+                if isinstance(a, _C.DeviceArray):       # running statistics (a host count may change freely)
+                    self.entries.append((m._buffers, key, a))
         self.sizes = [(v, len(v)) for d, k, v in self.entries if k in ("_modules", "_parameters")]
 
     def fresh(self):
@@ -67,10 +70,38 @@ def signature(model):
     return Signature(model)
 
 
+def module_buffers(model, plan):
+    """The plan's running statistics and (inference) parameters, from the model's modules by path."""
+    out = {}
+    for name, buf in plan.buffers.items():
+        if buf.role != "param" or name.startswith("d:"):
+            continue
+        path, attr = name.rsplit(".", 1)
+        m = model
+        for part in path.split("."):
+            m = m._modules[part]
+        if attr in m._parameters:
+            out[name] = m._parameters[attr].data
+        elif attr in getattr(m, "_buffers", {}):
+            out[name] = m._buffers[attr]
+    return out
+
+
+def _batch_norms(plan):
+    return [n.module for n in plan.nodes if n.op == "batch_norm"]
+
+
+def _count_batches(modules, steps):
+    """num_batches_tracked as the reference forward keeps it (a host int64 counter)."""
+    for m in modules:
+        if m.num_batches_tracked is not None:
+            m.num_batches_tracked = np.array(int(m.num_batches_tracked) + steps, np.int64)
+
+
 def _build_plan(model, input_shape, batch, training, options, softmax=False):
     nodes = trace(model, input_shape, batch)
     plan_log = []
-    groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log)
+    groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log, training=training)
     if training:
         plan = lower_training(groups, nodes, batch, log=plan_log)
     else:
@@ -173,7 +204,10 @@ class CompiledStep:
         runner = self._runners.get(key)
         if runner is None:
             plan, _ = _build_plan(self.model, input_shape, batch, True, self.options)
-            runner = _Runner(plan, self._flat.given(), self.cuda_graph and self.mode != "steps")
+            given = self._flat.given()
+            given.update(module_buffers(self.model, plan))
+            runner = _Runner(plan, given, self.cuda_graph and self.mode != "steps")
+            runner.counted = [m for m in _batch_norms(plan)]
             self._runners[key] = runner
         return runner
 
@@ -189,7 +223,9 @@ class CompiledStep:
 
     def _snapshot(self):
         flat = self._flat
-        saved = [(a, a.copy()) for a in (flat.flat_param, flat.flat_s1, flat.flat_s2, flat.counters) if a is not None]
+        stats = [a for _, a in self.model.named_buffers() if isinstance(a, _C.DeviceArray)]
+        saved = [(a, a.copy()) for a in (flat.flat_param, flat.flat_s1, flat.flat_s2, flat.counters, *stats)
+                 if a is not None]
 
         def restore():
             for dst, src in saved:
@@ -210,6 +246,7 @@ class CompiledStep:
         runner.launch()
         for st in self.optimizer.state:
             st["step"] += 1
+        _count_batches(runner.counted, 1)
         self._flat.publish_grads()
         return runner.bound.arrays["loss"].copy()
 
@@ -322,6 +359,7 @@ class CompiledStep:
                 self._note(runner)
                 self.mode_used = self.mode
             runner.launch()
+            _count_batches(runner.counted, 1)
             images += int(y.shape[0])
         if not started:
             return self._finish((0, 0, float("nan"), 0), scheduler)
@@ -451,17 +489,9 @@ class CompiledInference:
         runner = self._runners.get(bucket)
         if runner is None:
             plan, _ = _build_plan(self.model, self.input_shape, bucket, False, self.options, softmax=self.softmax)
-            given = {p: self._param(p) for p, b in plan.buffers.items() if b.role == "param"}
-            runner = _Runner(plan, given, self.cuda_graph)
+            runner = _Runner(plan, module_buffers(self.model, plan), self.cuda_graph)
             self._runners[bucket] = runner
         return bucket, runner
-
-    def _param(self, name):
-        module_path, attr = name.rsplit(".", 1)
-        m = self.model
-        for part in module_path.split("."):
-            m = m._modules[part]
-        return m._parameters[attr].data
 
     def __call__(self, x):
         """Outputs for ``x`` (numpy in -> numpy out, DeviceArray in -> DeviceArray out)."""

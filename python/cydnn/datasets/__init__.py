@@ -33,7 +33,8 @@ Typical use::
 The limits below are read when they are used, so assigning to them (``cydnn.datasets.TIMEOUT =
 5``) takes effect at once.
 """
-from .download import DatasetCacheError, DatasetDownloadError, data_root
+from .download import data_root
+from .errors import DatasetCacheError, DatasetDownloadError, DatasetError
 from .idx import read_idx
 from .loader import DataLoader
 from .mnist import MNIST, FashionMNIST, IDXDataset, load_fashion_mnist, load_mnist
@@ -42,6 +43,7 @@ __all__ = [
     "DataLoader",
     "DatasetCacheError",
     "DatasetDownloadError",
+    "DatasetError",
     "FashionMNIST",
     "IDXDataset",
     "MNIST",
@@ -55,8 +57,14 @@ __all__ = [
 TIMEOUT = 30
 
 #: Seconds one whole file may take to download from one mirror (a server that
-#: trickles a byte a second never trips TIMEOUT, but trips this).
+#: trickles a byte a second never trips TIMEOUT, but trips this; curl's --max-time).
 DOWNLOAD_DEADLINE = 600
+
+#: Minimum rate of a download, in bytes/s, averaged over the last MIN_RATE_SECONDS
+#: (curl's --speed-limit and --speed-time): a slower mirror is abandoned for the next
+#: one.  0 turns the check off.
+MIN_DOWNLOAD_RATE = 1024
+MIN_RATE_SECONDS = 30
 
 #: Largest IDX file accepted, in bytes (a header that declares more is refused
 #: before anything is allocated; MNIST's largest file is 47 MB).

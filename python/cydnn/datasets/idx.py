@@ -140,10 +140,15 @@ def _check_pair(images, labels, num_classes, what="dataset"):
     """Check that an images array and a labels array belong together."""
     if images.ndim != 3:
         raise ValueError(f"{what}: images must have shape (N, rows, cols), got {images.shape}")
+    _check_labels(len(images), labels, num_classes, what)
+
+
+def _check_labels(n, labels, num_classes, what="dataset"):
+    """Check labels: shape (n,), values in [0, num_classes)."""
     if labels.ndim != 1:
         raise ValueError(f"{what}: labels must have shape (N,), got {labels.shape}")
-    if len(images) != len(labels):
-        raise ValueError(f"{what}: {len(images)} images but {len(labels)} labels")
+    if n != len(labels):
+        raise ValueError(f"{what}: {n} images but {len(labels)} labels")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(
             f"{what}: labels must lie in [0, {num_classes}), found values from "

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import mnist_data  # the one MNIST lookup (tests/mnist_data.py)
 from cydnn import datasets
 from cydnn.datasets import (DataLoader, DatasetDownloadError, FashionMNIST, MNIST,
                             data_root, load_mnist, read_idx)
@@ -124,14 +125,9 @@ def mnist_no_proxy():
 
 @pytest.fixture(scope="session")
 def mnist_source():
-    """The folder of the real MNIST .gz files (read-only); skips when absent."""
-    default = Path(__file__).resolve().parents[2] / "shared/data/mnist"
-    folder = Path(os.environ.get("CYDNN_TEST_MNIST", default))
-    missing = [n for n in ALL_FILES if not (folder / f"{n}.gz").is_file()]
-    if missing:
-        pytest.skip(f"real MNIST files not found in {folder} (missing {', '.join(n + '.gz' for n in missing)}); "
-                    f"set CYDNN_TEST_MNIST to a folder holding the four MNIST .gz files")
-    return folder
+    """The folder of the real MNIST .gz files (read-only); skips when absent (fails with
+    CYDNN_REQUIRE_MNIST=1: tests/mnist_data.py)."""
+    return mnist_data.require()
 
 
 @pytest.fixture(scope="session")

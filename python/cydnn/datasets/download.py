@@ -265,18 +265,19 @@ def _remove_leftovers(folder, name):
         leftover.unlink(missing_ok=True)
 
 
-def offline_hint(cli_dataset, folder, holds):
+def offline_hint(cli_dataset, folder, dir_holds, url_holds=None):
     """The end of the error when every mirror failed: the command that works offline.
 
-    ``cli_dataset`` is the ``--dataset`` value (None for the default), ``holds`` says what a
-    mirror folder must hold.
+    ``cli_dataset`` is the ``--dataset`` value (None for the default); ``dir_holds`` says what a
+    mirror folder must hold, ``url_holds`` what a mirror URL must serve (default: the same).
     """
     option = "" if cli_dataset is None else f" --dataset {cli_dataset}"
     return (f"To train without a network, point to files you already have:\n"
             f"    python -m cydnn.train{option} --mirror DIR_OR_URL\n"
-            f"where DIR_OR_URL is a folder (or a URL) holding {holds}.  Or put the verified files "
-            f"in {folder} yourself, or set $CYDNN_DATA to the folder that holds "
-            f"{Path(folder).name}/ (in Python: mirrors=[...], root=...).")
+            f"where DIR_OR_URL is a folder holding {dir_holds}, or a URL serving "
+            f"{url_holds or dir_holds}.  Or put the verified files in {folder} yourself, or set "
+            f"$CYDNN_DATA to the folder that holds {Path(folder).name}/ (in Python: mirrors=[...], "
+            f"root=...).")
 
 
 def _download(dataset, filename, info, folder, mirrors, strict=(), hint=None):

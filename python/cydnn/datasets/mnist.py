@@ -62,10 +62,11 @@ class IDXDataset:
                 f"Pass download=True to fetch it (mirrors: {', '.join(map(str, self.mirrors))}), "
                 f"or point root= or $CYDNN_DATA at the folder that holds {self.name}/{filename}.")
         names = sorted({n for pair in self.splits.values() for n in pair})
-        holds = (", ".join(f"{n}.gz" for n in names) + " (or the same files decompressed; "
-                 "the checksums of both are known)")
+        gz = ", ".join(f"{n}.gz" for n in names)
+        hint = offline_hint(self.cli_name, self.folder, f"{gz} (or the same files decompressed: the checksums "
+                                                        f"of both are known)", gz)
         _download(type(self).__name__, filename, info, self.folder, self.mirrors,
-                  strict=set(self.default_mirrors), hint=offline_hint(self.cli_name, self.folder, holds))
+                  strict=set(self.default_mirrors), hint=hint)
         return path
 
     def __len__(self):

@@ -8,7 +8,7 @@ from .errors import DatasetError
 from .loader import DataLoader
 from .npz import read_npz
 
-_CHUNK = 4096  # images per step when computing statistics (bounded temporary memory)
+_CHUNK = 1024  # images per step when computing statistics (bounded temporary memory)
 
 
 def _as_uint8_images(images, what):
@@ -36,7 +36,10 @@ def _as_uint8_images(images, what):
         if lo < 0 or hi > 1:
             raise DatasetError(f"{what}: float images must lie in [0, 1] (they become round(255 x)), found "
                                f"values from {lo} to {hi}; scale them, or pass uint8 pixels 0..255")
-        return np.rint(images.astype(np.float64) * 255).astype(np.uint8)
+        out = np.empty(images.shape, np.uint8)
+        for start in range(0, len(images), _CHUNK):      # bounded float64 temporaries
+            out[start:start + _CHUNK] = np.rint(images[start:start + _CHUNK].astype(np.float64) * 255)
+        return out
     if np.issubdtype(images.dtype, np.integer) or images.dtype == np.bool_:
         lo, hi = (int(images.min()), int(images.max())) if images.size else (0, 0)
         if lo < 0 or hi > 255:

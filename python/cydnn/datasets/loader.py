@@ -10,6 +10,8 @@ import cydnn.ops
 
 from .idx import _check_pair, _check_labels
 
+_MAX_CHANNELS = 64  # what gather_batch_chw takes (CYDNN_GATHER_MAX_CHANNELS)
+
 # Tags that keep the random streams of a loader apart (see DataLoader).
 _PERMUTATION_STREAM = 0
 _AUGMENTATION_STREAM = 1
@@ -105,6 +107,8 @@ class DataLoader:
         else:
             _check_labels(len(images), labels, num_classes, what="DataLoader")
         self.channels = 1 if images.ndim == 3 else int(images.shape[1])
+        if not 1 <= self.channels <= _MAX_CHANNELS:
+            raise ValueError(f"DataLoader: images must have 1 to {_MAX_CHANNELS} channels, got {images.shape}")
         if flip and images.ndim == 3:
             raise ValueError("DataLoader: flip=True needs (N, C, H, W) images (a flipped digit is another "
                              "digit); grey (N, H, W) images use max_shift")

@@ -295,6 +295,20 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
                                  float mean, float std, int pad, int max_shift, uint64_t seed,
                                  float *out_images, int32_t *out_labels);
 
+/* The same for images (n_images, channels, h, w) uint8, channels in [1,
+ * CYDNN_GATHER_MAX_CHANNELS]: out_images (batch, channels, h + 2 pad, w + 2 pad),
+ * normalised per channel with mean[c], std[c] (HOST arrays of `channels` floats, each
+ * std > 0, copied at the call).  With flip != 0, batch row b is mirrored left-right when
+ * splitmix64(r) >> 63 is 1 (r as above; the shift uses the same r); the flip comes first,
+ * then the shift: out(iy, ix) reads the flipped image at (iy - sy, ix - sx).  Shift and
+ * zero padding together make the usual random crop of a padded image. */
+#define CYDNN_GATHER_MAX_CHANNELS 64
+cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                     int n_images, int channels, int h, int w, const int32_t *indices,
+                                     int batch, const float *mean, const float *std, int pad,
+                                     int max_shift, int flip, uint64_t seed, float *out_images,
+                                     int32_t *out_labels);
+
 
 /* ============================================================ the fast path
  * The reference path above is one call per op, each with its own checks.

@@ -145,6 +145,11 @@ cdef extern from "cydnn.h" nogil:
                                      int n_images, int h, int w, const int32_t *indices, int batch,
                                      float mean, float std, int pad, int max_shift, uint64_t seed,
                                      float *out_images, int32_t *out_labels)
+    cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                         int n_images, int channels, int h, int w, const int32_t *indices,
+                                         int batch, const float *mean, const float *std, int pad,
+                                         int max_shift, int flip, uint64_t seed, float *out_images,
+                                         int32_t *out_labels)
 
 
 cdef class _Allocation:

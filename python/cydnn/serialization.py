@@ -134,7 +134,7 @@ class _Entries(dict):
             for key in self._names:
                 if key.startswith(PARAM_PREFIX):
                     check_name(key[len(PARAM_PREFIX):], CheckpointError, f"{path}: entry {key!r}")
-                else:
+                elif self.npz.infos[key].filename.endswith(".npy"):     # others: refused by _open
                     self.npz.check_size(key, MAX_SMALL_ENTRY_BYTES)
                     self[key] = self.npz.read(key, MAX_SMALL_ENTRY_BYTES, _PICKLED)
         except BaseException:

@@ -91,7 +91,7 @@ def test_matmul_add_bias_of_other_shapes_is_refused(tmp_path, shape):
                                   "a..b", ".a", "a.", "", "a/b", "a\\b", "a b", "a\x00b", "é", "x" * 600,
                                   ".".join(["a"] * 40)])
 def test_check_name_refuses(name):
-    from cydnn._filesafe import check_name
+    from cydnn._names import check_name
     with pytest.raises(WeightsError, match="f.npz"):
         check_name(name, WeightsError, "f.npz")
 
@@ -99,7 +99,7 @@ def test_check_name_refuses(name):
 @pytest.mark.parametrize("name", ["conv1.weight", "0.bias", "features.10.weight", "_orig_mod.fc.bias",
                                   "bn.running_mean", "layer1.0.conv2.weight"])
 def test_check_name_accepts_pytorch_names(name):
-    from cydnn._filesafe import check_name
+    from cydnn._names import check_name
     assert check_name(name, WeightsError, "f.npz") == name
 
 

@@ -33,8 +33,8 @@ import warnings
 
 import numpy as np
 
-from ._filesafe import (NpzReader, check_lossless, check_name, child_path, read_safetensors_header,
-                        read_safetensors_tensor)
+from ._filesafe import NpzReader, check_lossless, read_safetensors_header, read_safetensors_tensor
+from ._names import check_name, child_path
 
 __all__ = ["WeightsError", "load_pytorch_weights", "export_weights", "FORMATS"]
 
@@ -258,7 +258,7 @@ def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     caller normalises), and leaving it out keeps the model's own (LeNet5:
     0.1307, 0.3081, MNIST's).
 
-    Hostile files: every name is checked (:func:`cydnn._filesafe.check_name`),
+    Hostile files: every name is checked (:func:`cydnn._names.check_name`),
     nothing is unpickled, a member or tensor is read only after its declared
     shape matched the model's (so a small file cannot make this allocate more
     than the model's size), and a name given twice is refused.
@@ -363,7 +363,7 @@ def export_weights(model, path, format="npz"):
     ``path`` is filled, then renamed over it, so ``path`` never holds half an
     export; an existing folder is replaced only if it holds nothing but
     ``*.txt`` / ``*.bin`` files.  Every parameter name is checked
-    (:func:`cydnn._filesafe.check_name`: dotted identifiers only) before
+    (:func:`cydnn._names.check_name`: dotted identifiers only) before
     anything is written, so no file lands outside ``path``; a file-system
     failure (a full disk) is an ``OSError`` with its errno and ``path``.
     """

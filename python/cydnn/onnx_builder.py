@@ -6,7 +6,7 @@ each node's attributes and constants before it builds a layer: integer
 attributes of the right length and sign (a stride of 0 is refused), a window
 that fits the input (naming the node), weights that are real numbers, a bias of
 the right length, layer names from initializers that are valid
-(:func:`cydnn._filesafe.check_name`: ``training.weight`` cannot make a layer
+(:func:`cydnn._names.check_name`: ``training.weight`` cannot make a layer
 that shadows ``Module.training``).  Every failure is an
 :class:`~cydnn.onnx_checks.OnnxImportError` naming the node.
 """
@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from . import nn, ops
-from ._filesafe import check_name
+from ._names import check_name
 from .onnx_checks import OnnxImportError, as_weight, tensor_array
 
 __all__ = ["Builder", "Softmax", "SUPPORTED_OPS"]

@@ -23,7 +23,8 @@ import tempfile
 
 import numpy as np
 
-from ._filesafe import NpzReader, check_name, describe
+from ._filesafe import NpzReader, describe
+from ._names import check_name
 from .checkpoint_checks import (FORMAT_VERSION, MAX_CLASSES, CheckpointError, check_config,  # noqa: F401
                                 check_format, json_entry)
 

@@ -29,6 +29,7 @@ __all__ = ["NpzReader", "loads_json", "read_safetensors_header", "read_safetenso
 
 #: Largest .npy header read (numpy's own default bound).
 MAX_NPY_HEADER = 10_000
+_CHUNK = 1 << 20
 
 
 def check_lossless(value, error, where, dtype=np.float32):
@@ -168,11 +169,12 @@ class NpzReader:
             array = np.empty(math.prod(shape), dtype=dtype)
             view = memoryview(array.view(np.uint8).reshape(-1)) if nbytes else None
             got = 0
-            while got < nbytes:
-                n = f.readinto(view[got:])
-                if not n:
+            while got < nbytes:         # 1 MiB reads: zipfile's read(n) copies what it gathers
+                chunk = f.read(min(_CHUNK, nbytes - got))
+                if not chunk:
                     raise self.error(f"{where} is truncated: {got} of {nbytes} bytes")
-                got += n
+                view[got:got + len(chunk)] = chunk
+                got += len(chunk)
             if f.read(1):               # reaching the end makes zipfile check the CRC
                 raise self.error(f"{where} holds more bytes than its header declares")
         if fortran:

@@ -142,9 +142,11 @@ class Optimizer:
             got = sorted(saved_hp) if isinstance(saved_hp, dict) else type(saved_hp).__name__
             raise ValueError(f"{name}.load_state_dict: hyperparameters must be {sorted(expected)}, got {got}")
         hp = self._checked(saved_hp)
-        if not isinstance(state, (list, tuple)) or len(state) != len(self.params):
-            n = len(state) if isinstance(state, (list, tuple)) else type(state).__name__
-            raise ValueError(f"optimizer state has {n} entries but the optimizer "
+        if not isinstance(state, (list, tuple)):
+            raise ValueError(f"optimizer state must be a list with one entry per parameter, "
+                             f"got {type(state).__name__}")
+        if len(state) != len(self.params):
+            raise ValueError(f"optimizer state has {len(state)} entries but the optimizer "
                              f"has {len(self.params)} parameters")
         new_state = []
         for i, (param, saved) in enumerate(zip(self.params, state)):

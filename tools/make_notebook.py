@@ -44,8 +44,8 @@ This notebook opens cydnn up while it runs: the path of one call from numpy down
 forward and backward with its shapes, a gradient check, the memory pool and cuDNN's algorithm choice,
 a training run with its pictures, the compiler's plan for LeNet-5, what CUDA graphs and fused kernels
 change, and inference on numpy arrays. It runs top to bottom without a GPU too (the GPU cells then say
-what they would show, and training uses a small subset of MNIST); the committed copy holds the outputs
-of a run on an H100.
+what they would show, and training uses a small subset of MNIST). The committed copy holds the outputs
+of its last run; the first cell's output names the GPU it ran on.
 
 MNIST comes through cydnn's own dataset API: the cache (`$CYDNN_DATA`, else `./data` beside the
 kernel), then the mirror named in `$CYDNN_MNIST_MIRROR` (a folder with the four MNIST `.gz` files, or a
@@ -82,7 +82,7 @@ except (datasets.DatasetDownloadError, OSError, ValueError) as e:
 LIMIT = int(os.environ.get("CYDNN_NB_LIMIT", 60000 if GPU else 2000))   # training images (a subset on the CPU)
 TEST = len(test_set) if GPU else 2000                                    # test images
 test_images, test_labels = test_set.images[:TEST], test_set.labels[:TEST]
-print(f"MNIST in {train_set.folder}: {len(train_set)} train / {len(test_set)} test images; "
+print(f"MNIST in {os.path.relpath(train_set.folder)}: {len(train_set)} train / {len(test_set)} test images; "
       f"training on {LIMIT}, testing on {TEST}")
 """)
 md("""

@@ -372,6 +372,56 @@ cydnnStatus_t cydnn_fused_mlp_forward(cydnnContext *ctx, const float *x, int n, 
                                       const int *dims, const float *const *weights,
                                       const float *const *biases, float *y);
 
+/* ============================================================= the compiler
+ * Kernels the compiler (python/cydnn/compiler/) adds to the ops above when it
+ * plans a whole step for any Sequential (compiled.cu).  act: 0 identity, 1 relu,
+ * 2 tanh, 3 sigmoid, 4 leaky relu with `slope`. */
+enum { CYDNN_ACT_NONE = 0, CYDNN_ACT_RELU = 1, CYDNN_ACT_TANH = 2, CYDNN_ACT_SIGMOID = 3, CYDNN_ACT_LEAKY = 4 };
+
+/* x, y (n, channels, inner): y = act(x + bias[channel]); bias may be NULL; may run in place. */
+cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
+                                     int n, int channels, size_t inner, int act, float slope);
+/* g = dy * act'(y) (act' from the output y); dx = g (may be NULL), dbias[c] = sum of g
+ * over n and inner (may be NULL; one block per channel, fixed order). */
+cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                      float *dbias, int n, int channels, size_t inner, int act, float slope);
+
+/* The step counters a compiled step keeps on the device (the LeNet step's layout). */
+typedef cydnnLeNetCounters cydnnStepCounters;
+
+/* Every parameter updated in one launch, over flat buffers of `count` floats:
+ * param, grad, state1 (SGD momentum / Adam m), state2 (Adam v).  The step t
+ * (from 1) is counters->global_step + 1 and the learning rate
+ * lr_table[counters->step_in_epoch % lr_len], both read on the device, so a
+ * replayed graph follows a schedule.  Formulas: cydnn_sgd_update / cydnn_adam_update
+ * (SGD's first step, t = 1, sets the momentum buffer to g). */
+typedef struct {
+    float *param;
+    const float *grad;
+    float *state1, *state2;
+    size_t count;
+    int optimizer;                 /* CYDNN_OPT_SGD / _ADAM / _ADAMW */
+    float momentum, dampening, weight_decay;
+    int nesterov;
+    double beta1, beta2;
+    float eps;
+    const float *lr_table;
+    int lr_len;
+    const cydnnStepCounters *counters;
+} cydnnFlatUpdate;
+cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u);
+
+/* After the update: counters->correct += rows whose argmax (first maximum) is
+ * the label, loss_sum += *loss, step_in_epoch += 1, global_step += 1. */
+cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
+                                     int c, const float *loss, cydnnStepCounters *counters);
+
+/* cydnn_dropout_forward with the seed splitmix64(seed ^ counters->global_step):
+ * a new mask every replayed step. */
+cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                 uint32_t threshold, float scale, uint64_t seed,
+                                 const cydnnStepCounters *counters);
+
 #ifdef __cplusplus
 }
 #endif

@@ -210,3 +210,36 @@ cdef extern from "cydnn.h" nogil:
                                           const int *dims, const float *const *weights,
                                           const float *const *biases, float *y)
     size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len)
+
+    # ---- the compiler's kernels (compiled.cu)
+    enum:
+        CYDNN_ACT_NONE
+        CYDNN_ACT_RELU
+        CYDNN_ACT_TANH
+        CYDNN_ACT_SIGMOID
+        CYDNN_ACT_LEAKY
+    cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
+                                         int n, int channels, size_t inner, int act, float slope)
+    cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                          float *dbias, int n, int channels, size_t inner, int act, float slope)
+    ctypedef cydnnLeNetCounters cydnnStepCounters
+    ctypedef struct cydnnFlatUpdate:
+        float *param
+        const float *grad
+        float *state1
+        float *state2
+        size_t count
+        int optimizer
+        float momentum, dampening, weight_decay
+        int nesterov
+        double beta1, beta2
+        float eps
+        const float *lr_table
+        int lr_len
+        const cydnnStepCounters *counters
+    cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u)
+    cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
+                                         int c, const float *loss, cydnnStepCounters *counters)
+    cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                     uint32_t threshold, float scale, uint64_t seed,
+                                     const cydnnStepCounters *counters)

@@ -291,19 +291,21 @@ fig.suptitle("conv1 + ReLU feature maps of one digit"); plt.show()
 md("""
 ## 6. The compiler's plan for LeNet-5
 
-`cydnn.compile(model, optimizer, batch_size=64)` plans a whole training step once; `step.explain()`
-prints that plan. On a cydnn without `cydnn.compile` the cell says so in one line.
+`cydnn.compile(model, optimizer, batch_size=64)` turns a model and its optimizer into one training
+step, planned once; `step.explain()` prints the plan: each step with the library calls or kernels it
+runs, every buffer with its bytes, and what the compiler's passes did. Without a GPU the compiled step
+does not run (the first line says why), but the plan is the same. On a cydnn without `cydnn.compile`
+the cell says so in one line.
 """)
 code("""
 # --- The compiler's plan for LeNet-5: cydnn.compile(...).explain() ---
-import importlib.util
-if importlib.util.find_spec("cydnn.compiler") is not None:
-    import cydnn.compiler
 if not hasattr(cydnn, "compile"):
     print("this cydnn has no cydnn.compile yet: once it has, this cell prints the compiler's plan for LeNet-5")
 else:
+    import cydnn.compiler
     plan_model = models.LeNet5(seed=0).to(device)
-    step = cydnn.compile(plan_model, optim.SGD(plan_model.parameters(), lr=0.03, momentum=0.9), batch_size=64)
+    step = cydnn.compile(plan_model, optim.SGD(plan_model.parameters(), lr=0.03, momentum=0.9), batch_size=64,
+                         input_shape=(1, 28, 28))
     print(step.explain())
 """)
 md("""

@@ -368,6 +368,17 @@ def test_load_state_dict_takes_a_pytorch_style_dict_and_checks_it():
         "bias", "running_mean", "running_var", "num_batches_tracked"]
 
 
+def test_reset_running_stats():
+    rng = np.random.default_rng(17)
+    bn = nn.BatchNorm2d(3)
+    bn(rng.standard_normal((2, 3, 2, 2)).astype(np.float32) + 4)
+    assert int(bn.num_batches_tracked) == 1 and bn.running_mean.max() > 0.1
+    bn.reset_running_stats()
+    np.testing.assert_array_equal(bn.running_mean, np.zeros(3, np.float32))
+    np.testing.assert_array_equal(bn.running_var, np.ones(3, np.float32))
+    assert int(bn.num_batches_tracked) == 0 and bn.num_batches_tracked.dtype == np.int64
+
+
 def test_buffers_follow_double_and_float_but_counters_stay_int64():
     bn = nn.BatchNorm1d(3).double()
     assert bn.running_mean.dtype == np.float64 and bn.weight.dtype == np.float64

@@ -295,6 +295,20 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
                                  float mean, float std, int pad, int max_shift, uint64_t seed,
                                  float *out_images, int32_t *out_labels);
 
+/* The same for images (n_images, channels, h, w) uint8, channels in [1,
+ * CYDNN_GATHER_MAX_CHANNELS]: out_images (batch, channels, h + 2 pad, w + 2 pad),
+ * normalised per channel with mean[c], std[c] (HOST arrays of `channels` floats, each
+ * std > 0, copied at the call).  With flip != 0, batch row b is mirrored left-right when
+ * splitmix64(r) >> 63 is 1 (r as above; the shift uses the same r); the flip comes first,
+ * then the shift: out(iy, ix) reads the flipped image at (iy - sy, ix - sx).  Shift and
+ * zero padding together make the usual random crop of a padded image. */
+#define CYDNN_GATHER_MAX_CHANNELS 64
+cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                     int n_images, int channels, int h, int w, const int32_t *indices,
+                                     int batch, const float *mean, const float *std, int pad,
+                                     int max_shift, int flip, uint64_t seed, float *out_images,
+                                     int32_t *out_labels);
+
 
 /* ============================================================ the fast path
  * The reference path above is one call per op, each with its own checks.
@@ -457,6 +471,12 @@ cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u);
  * the label, loss_sum += *loss, step_in_epoch += 1, global_step += 1. */
 cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
                                      int c, const float *loss, cydnnStepCounters *counters);
+
+/* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
+ * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out);
 
 /* cydnn_dropout_forward with the seed splitmix64(seed ^ counters->global_step):
  * a new mask every replayed step. */

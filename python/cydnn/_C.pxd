@@ -145,6 +145,11 @@ cdef extern from "cydnn.h" nogil:
                                      int n_images, int h, int w, const int32_t *indices, int batch,
                                      float mean, float std, int pad, int max_shift, uint64_t seed,
                                      float *out_images, int32_t *out_labels)
+    cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                         int n_images, int channels, int h, int w, const int32_t *indices,
+                                         int batch, const float *mean, const float *std, int pad,
+                                         int max_shift, int flip, uint64_t seed, float *out_images,
+                                         int32_t *out_labels)
 
 
 cdef class _Allocation:
@@ -265,3 +270,6 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
                                      uint32_t threshold, float scale, uint64_t seed,
                                      const cydnnStepCounters *counters)
+    cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                        const float *beta, const float *mean, const float *var, float eps, int out,
+                                        size_t per_out, float *w_out, float *b_out)

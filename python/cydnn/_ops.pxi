@@ -221,3 +221,23 @@ def gather_batch(DeviceArray images not None, DeviceArray labels, DeviceArray in
     check(cydnn_gather_batch(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
                              images.shape[2], i32(indices, "indices"), indices.shape[0], mean, std, pad,
                              max_shift, seed, f32(out_images, "out_images"), out_lab), "gather_batch")
+
+
+def gather_batch_chw(DeviceArray images not None, DeviceArray labels, DeviceArray indices not None, mean, std,
+                     int pad, int max_shift, bint flip, uint64_t seed, DeviceArray out_images not None,
+                     DeviceArray out_labels):
+    """images (N, C, H, W) uint8 on the GPU; mean, std: host float32 arrays of C values."""
+    if images.dtype != _U8 or len(images.shape) != 4:
+        raise TypeError(f"gather_batch_chw: images must be uint8 (N, C, H, W) on the GPU, got {images.dtype} "
+                        f"{images.shape}")
+    cdef const float[::1] m = np.ascontiguousarray(mean, dtype=np.float32)
+    cdef const float[::1] s = np.ascontiguousarray(std, dtype=np.float32)
+    if m.shape[0] != images.shape[1] or s.shape[0] != images.shape[1]:
+        raise ValueError(f"gather_batch_chw: mean and std need {images.shape[1]} values, got {m.shape[0]} and "
+                         f"{s.shape[0]}")
+    cdef int32_t *lab = <int32_t *>NULL if labels is None else i32(labels, "labels")
+    cdef int32_t *out_lab = <int32_t *>NULL if out_labels is None else i32(out_labels, "out_labels")
+    check(cydnn_gather_batch_chw(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
+                                 images.shape[2], images.shape[3], i32(indices, "indices"), indices.shape[0],
+                                 &m[0], &s[0], pad, max_shift, flip, seed, f32(out_images, "out_images"),
+                                 out_lab), "gather_batch_chw")

@@ -22,12 +22,12 @@ import numpy as np
 
 from .. import _C, optim
 from .executor import Bound
+from .lower import LR_TABLE
 
 __all__ = ["FlatState", "optimizer_reason"]
 
 log = logging.getLogger("cydnn.compiler")
 
-LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (lr of step j at j % LR_TABLE)
 
 
 def optimizer_reason(optimizer, params):

@@ -376,6 +376,31 @@ def gather_batch(images, labels, indices, mean, std, pad=0, max_shift=0, seed=0)
     return _ret(host, x, y)
 
 
+def gather_batch_chw(images, labels, indices, mean, std, pad=0, max_shift=0, flip=False, seed=0):
+    """A batch from uint8 images (N, C, H, W) kept on the GPU: gathered, flipped, shifted, padded,
+    normalised per channel (cpp/data.cu); twin and checks: ``ops.cpu.data.gather_batch_chw``.
+
+    Indices as in :func:`gather_batch`: numpy indices are range-checked here, device indices
+    are trusted to come from a checked producer (the kernel still never reads outside).
+    """
+    from cydnn.ops.cpu.data import check_gather_batch_chw
+    out_shape, mean, std, seed = check_gather_batch_chw(images, labels, indices, mean, std, pad, max_shift,
+                                                        flip, seed)
+    host = _on_host(images)
+    if not isinstance(indices, _C.DeviceArray):
+        indices = np.asarray(indices)
+        _check.check_index_values("gather_batch_chw", "indices", indices, images.shape[0], images=images,
+                                  indices=indices)
+        indices = indices.astype(np.int32, copy=False)
+    if labels is not None and not isinstance(labels, _C.DeviceArray):
+        labels = np.asarray(labels).astype(np.int32, copy=False)
+    images, labels, indices = _dev(images), _opt(labels), _dev(indices)
+    x = _C.empty(out_shape)
+    y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
+    _C.gather_batch_chw(images, labels, indices, mean, std, int(pad), int(max_shift), bool(flip), seed, x, y)
+    return _ret(host, x, y)
+
+
 # ------------------------------------------------------------- fused kernels
 def fused_mlp_forward(x, weights, biases=None):
     """Linear (+ ReLU between layers) chain in ONE kernel (cpp/fused_mlp.cu); twin: ops.cpu."""

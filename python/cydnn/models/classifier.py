@@ -243,6 +243,9 @@ class ImageClassifier(nn.Sequential):
                 return self.predict(images, batch_size=batch_size, fast=False)
             finally:
                 _C.configure(allow_tf32=saved["allow_tf32"], fp16=saved["fp16"])
+        if fast is True and self.device != "cuda":
+            raise ValueError(f"predict(fast=True): the fast path runs on the GPU ('cuda'); this model is on "
+                             f"{self.device!r}")
         if fast is not False and self.device == "cuda":
             predictor = self.fast_predictor(required=fast is True)
             if predictor is not None:

@@ -288,6 +288,21 @@ def test_smallcnn_on_colour_images(tmp_path, capsys):
 
 
 @needs_npz
+@needs_smallcnn
+def test_smallcnn_on_grey_images_checkpoint_predicts_the_reported_accuracy(tmp_path, capsys):
+    images, labels = bars(96, 1, 8, seed=6)
+    test_images, test_labels = bars(40, 1, 8, seed=7)
+    summary, _ = run(capsys, "--model", "smallcnn", "--data", write_npz(tmp_path / "g.npz", images, labels),
+                     "--test-data", write_npz(tmp_path / "t.npz", test_images, test_labels),
+                     "--epochs", "2", "--batch-size", "32", "--save", str(tmp_path / "s.npz"))
+    model = cydnn.load(str(tmp_path / "s.npz"))
+    assert isinstance(model, cydnn.models.SmallCNN) and model.config()["batch_norm"] is True
+    assert model.input_shape == (1, 8, 8) and summary["model"] == "SmallCNN" and summary["train_images"] == 96
+    acc = float((model.predict_classes(test_images) == test_labels).mean())
+    assert acc == pytest.approx(summary["test_accuracy"], abs=1e-9)     # eval mode: BatchNorm's running stats
+
+
+@needs_npz
 def test_flip_on_grey_images_is_refused(tmp_path):
     images, labels = bars(30, 1, 8, seed=0)
     with pytest.raises(SystemExit, match="--flip is for colour images"):

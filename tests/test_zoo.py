@@ -382,6 +382,24 @@ def test_zoo_round_trip_gives_the_same_predictions(tmp_path, make, device):
     np.testing.assert_array_equal(loaded.predict(x), before)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", list(ZOO.values())[:4], ids=list(ZOO)[:4])
+def test_zoo_predict_on_cuda_matches_the_cpu(make):
+    """On the GPU, predict goes through the compiler (BatchNorm folded in eval plans) unless fast=False;
+    both give the CPU's probabilities, for a model trained a little (running statistics not 0 / 1)."""
+    model = make()
+    c, h, w = model.input_shape
+    x = images((37, c, h, w), seed=8)
+    train_a_little(model, x[:6], np.arange(6) % model.num_classes)
+    expected = model.predict(x)
+    on_gpu = make().to("cuda")
+    on_gpu.load_state_dict(model.state_dict())
+    for fast in (None, False):
+        np.testing.assert_allclose(on_gpu.predict(x, fast=fast), expected, rtol=1e-4, atol=1e-5,
+                                   err_msg=f"fast={fast}")
+    np.testing.assert_allclose(on_gpu.predict(x[0]), expected[:1], rtol=1e-4, atol=1e-5)
+
+
 def hostile(tmp_path, model, **config):
     """A checkpoint of ``model`` whose config entry is replaced by ``config`` (over model.config())."""
     path = model.save(tmp_path / "good.npz")

@@ -85,6 +85,10 @@ def _check_plain(value, where, depth=0):
                               f"(numbers, strings, booleans and lists of them are)")
 
 
+#: Longest list accepted where a constructor's default is a number (one value per input channel).
+MAX_CHANNEL_VALUES = 4096
+
+
 def check_config(config, path, models):
     """Check a config (a parsed JSON value) against its class's constructor, before building anything."""
     if not isinstance(config, dict) or "arch" not in config:
@@ -119,10 +123,14 @@ def check_config(config, path, models):
             if value >= 2**63:
                 raise CheckpointError(f"{where} is too large")
         elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise CheckpointError(f"{where} must be a finite number")
-            if name == "std" and not value > 0:
-                raise CheckpointError(f"{where} must be > 0")
+            # A number, or (per-channel statistics such as mean/std) a list of numbers.
+            values = value if isinstance(value, list) and 1 <= len(value) <= MAX_CHANNEL_VALUES else [value]
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise CheckpointError(f"{where} must be a finite number or a list of 1 to "
+                                          f"{MAX_CHANNEL_VALUES} finite numbers")
+                if name == "std" and not v > 0:
+                    raise CheckpointError(f"{where} must be > 0")
         elif isinstance(default, str):
             if not isinstance(value, str):
                 raise CheckpointError(f"{where} must be a string")

@@ -65,7 +65,17 @@ def _safetensors_numpy():
 
 
 def _expected_shapes(model):
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    """name -> shape of everything the model's state_dict holds: parameters, then buffers
+    (BatchNorm's running statistics) where the module system has them."""
+    return {name: tuple(shape) for name, (shape, _) in _expected(model).items()}
+
+
+def _expected(model):
+    """name -> (shape, dtype) of every parameter and buffer."""
+    out = {name: (p.shape, np.dtype(p.dtype)) for name, p in model.named_parameters()}
+    if hasattr(model, "named_buffers"):
+        out.update((name, (b.shape, np.dtype(b.dtype))) for name, b in model.named_buffers())
+    return out
 
 
 def _limit(shape):
@@ -170,7 +180,7 @@ def _detect(path):
 
 
 # ----------------------------------------------------------------- loading
-def _check(arrays, problems, expected, dtype, path, strict, folder):
+def _check(arrays, problems, expected, dtypes, path, strict, folder):
     """Every problem with ``arrays`` against ``expected`` shapes, as one WeightsError."""
     problems = list(problems)
     missing = [n for n in expected if n not in arrays]
@@ -191,7 +201,7 @@ def _check(arrays, problems, expected, dtype, path, strict, folder):
                             f"floating-point array of shape {shape}")
             continue
         try:
-            check_lossless(value, WeightsError, f"parameter {name!r}", dtype)
+            check_lossless(value, WeightsError, f"parameter {name!r}", dtypes[name])
         except WeightsError as e:
             problems.append(str(e))
             continue
@@ -268,7 +278,8 @@ def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     expected = _expected_shapes(model)
     reader = {"folder": _read_folder, "npz": _read_npz, "safetensors": _read_safetensors}[form]
     arrays, problems = reader(path, expected)
-    state = _check(arrays, problems, expected, model.dtype, path, strict, folder=form == "folder")
+    dtypes = {name: dtype for name, (_, dtype) in _expected(model).items()}
+    state = _check(arrays, problems, expected, dtypes, path, strict, folder=form == "folder")
     apply_normalize(model, normalize, WeightsError, path)     # checked, like the weights, before loading
     model.load_state_dict(state, strict=strict)
     return model

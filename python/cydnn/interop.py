@@ -102,6 +102,7 @@ def _read_npz(path, expected):
             shape, _ = npz.header(name)
             if shape != expected[name]:
                 problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {shape}")
+                arrays[name] = None         # present (not missing), not read
                 continue
             arrays[name] = npz.read(name, _limit(expected[name]),
                                     "an object array, which is never loaded; save numeric arrays")
@@ -120,6 +121,7 @@ def _read_safetensors(path, expected):
             arrays[name] = None
         elif tensor[1] != expected[name]:
             problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {tensor[1]}")
+            arrays[name] = None             # present (not missing), not read
         else:
             arrays[name] = read_safetensors_tensor(path, tensor, data_start)
     return arrays, problems
@@ -381,7 +383,8 @@ def export_weights(model, path, format="npz"):
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: expected one of {FORMATS}")
     path = os.fspath(path)
-    state = {check_name(name, WeightsError, f"export to {path}"): np.ascontiguousarray(value, dtype=np.float32)
+    # np.array, not np.ascontiguousarray, which makes a 0-d buffer (num_batches_tracked) 1-d
+    state = {check_name(name, WeightsError, f"export to {path}"): np.array(value, dtype=np.float32, order="C")
              for name, value in model.state_dict().items()}
     if format == "npz":
         def write(tmp):

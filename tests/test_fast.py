@@ -6,8 +6,6 @@ numpy-in / numpy-out predictor, the fused MLP, and a compiled training step
 against the reference loop on the same batches.
 """
 import logging
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,15 +13,14 @@ import pytest
 import cydnn
 from cydnn import _C, datasets, fast, models, nn, ops, optim
 
-MNIST = Path(os.environ.get("CYDNN_TEST_MNIST", Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"))
+import mnist_data  # noqa: E402  (the one MNIST lookup: tests/mnist_data.py)
 
 gpu = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def mnist(tmp_path_factory):
-    if not MNIST.is_dir():
-        pytest.skip(f"real MNIST not found in {MNIST} (set CYDNN_TEST_MNIST)")
+    MNIST = mnist_data.require()
     root = tmp_path_factory.mktemp("mnist")
     train = datasets.MNIST(root=root, train=True, mirrors=[str(MNIST)])
     test = datasets.MNIST(root=root, train=False, mirrors=[str(MNIST)])

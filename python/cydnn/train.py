@@ -225,8 +225,8 @@ def train(args, log=None):
         except ImportError:  # tqdm is a dependency, but keep training without it
             progress = None
 
-    # The compiled step (cydnn.fast): fused kernels and CUDA graphs on the GPU; the
-    # per-op reference loop on the CPU, with --no-cuda-graph, or for what it can't run.
+    # The compiled step (cydnn.compiler): the whole step one CUDA graph on the GPU (LeNet-5: its fused
+    # kernels); the per-op reference loop on the CPU, with --no-cuda-graph, or for what it can't run.
     compiled = model.compile(optimizer, args.batch_size, loss_fn=loss_fn, cuda_graph=args.cuda_graph,
                              fused=args.cuda_graph)
     info = compiled.info()

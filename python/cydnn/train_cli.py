@@ -104,8 +104,8 @@ def build_parser(prog=None):
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="write loss/accuracy curves and a confusion matrix (PNG; needs matplotlib)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="on the GPU, train with the compiled step (fused kernels replayed as CUDA graphs; "
-                        "see cydnn.fast); --no-cuda-graph runs the per-op reference loop")
+                   help="on the GPU, train with the compiled step (cydnn.compile: each step one CUDA graph; "
+                        "LeNet-5 on its fused kernels); --no-cuda-graph runs the per-op reference loop")
     p.add_argument("--json", action="store_true", help="print one JSON summary object as the last line")
     p.add_argument("--traceback", action="store_true",
                    help="on Ctrl-C or an error, show the Python traceback as well as the one-line message")

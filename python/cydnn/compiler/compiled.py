@@ -8,6 +8,7 @@ self-test leaves the plan running step by step, with the reason in ``info()`` an
 arrays the plan was bound to (identity compares) and re-plans when it does not.
 """
 import logging
+import threading
 
 import numpy as np
 
@@ -176,6 +177,10 @@ class CompiledStep:
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
         if self.reason:
             log.info("compile: reference path: %s", self.reason)
+        elif self.fused and self.input_shape is not None and self.batch_size <= _C.LENET_MAX_TRAIN_BATCH:
+            found = lenet.match(trace(self.model, self.input_shape, self.batch_size), self.input_shape)
+            if not isinstance(found, str):      # epochs on the hand-fused kernels (steps on the generic plan)
+                self.mode = "fused+graph" if cuda_graph else "fused"
         self._flat = None
         self._runners = {}
         self._sig = None
@@ -184,6 +189,8 @@ class CompiledStep:
         self._num_classes = {}
 
     def _reference_reason(self):
+        if not self.cuda_graph and not self.fused:
+            return "compiled step switched off (cuda_graph=False, fused=False): the per-op reference loop"
         if type(self.loss_fn) is not nn.CrossEntropyLoss:
             return f"the compiled step computes CrossEntropyLoss, not {type(self.loss_fn).__name__}"
         if self.model.device != "cuda":
@@ -251,7 +258,7 @@ class CompiledStep:
         return runner.bound.arrays["loss"].copy()
 
     def _note(self, runner):
-        if not runner.use_graph and self.mode == "graph":
+        if not runner.use_graph and self.mode in ("graph", "fused+graph"):
             self.mode, self.reason = "steps", runner.reason
 
     def _reference_step(self, x, y):
@@ -334,7 +341,8 @@ class CompiledStep:
         if result is not None:
             self.mode_used = "fused+graph" if self._lenet.use_graphs else "fused"
             return self._finish(result, scheduler)
-        self.mode_used = self.mode
+        self.mode_used = "graph" if self.mode in ("fused+graph", "fused") and self.cuda_graph else \
+            ("steps" if self.mode in ("fused+graph", "fused") else self.mode)
         opt = self.optimizer
         total = len(loader)
         nsteps = total if steps is None else max(0, min(int(steps), total))
@@ -357,7 +365,7 @@ class CompiledStep:
             if not runner.ready:
                 runner.prepare(self._snapshot, compare=("loss",))
                 self._note(runner)
-                self.mode_used = self.mode
+                self.mode_used = "steps" if not runner.use_graph else self.mode_used
             runner.launch()
             _count_batches(runner.counted, 1)
             images += int(y.shape[0])
@@ -397,6 +405,7 @@ class CompiledStep:
                 f"batch_size {self.batch_size} is over the fused step's {_C.LENET_MAX_TRAIN_BATCH}"
             return None
         classic, num_classes = found
+        self._lenet_reason = None
         params = lenet.parameters(nodes)
         if self._lenet is None or self._lenet.params != params:
             self._lenet = lenet.LeNetEpoch(params, classic, num_classes, self.optimizer, self.batch_size,
@@ -407,7 +416,7 @@ class CompiledStep:
             if not self._lenet.use_graphs:
                 raise
             self._lenet.use_graphs, self._lenet.graphs = False, {}
-            self.reason = f"CUDA graph capture failed: {e}"
+            self.mode, self.reason = "fused", f"CUDA graph capture failed: {e}"
             log.warning("compile: running the fused kernels without graphs: %s", self.reason)
             return self._lenet.run(loader, scheduler, steps)
 
@@ -429,12 +438,14 @@ class CompiledStep:
         return text
 
     def info(self):
-        graphs = {k: r.bound.graph.kernel_count for k, r in self._runners.items() if r.bound.graph is not None}
-        if self._lenet is not None:
-            graphs.update({("lenet",) + k: g.kernel_count for k, g in self._lenet.graphs.items()})
+        """mode and reason (see the class docstring); ``lenet``: why an epoch does not run on the LeNet-5
+        kernels (None when it does or was not tried); ``graphs``: the LeNet-5 epoch graphs, (batch, steps) ->
+        kernels; ``plans``: (batch, input shape) -> kernels of the plan's graph (None: launched step by step)."""
         return {"mode": self.mode, "reason": self.reason, "batch_size": self.batch_size,
-                "lenet": self._lenet_reason or ("fused kernels" if self._lenet else None),
-                "graphs": graphs,
+                "lenet": self._lenet_reason,
+                "graphs": dict((k, g.kernel_count) for k, g in self._lenet.graphs.items()) if self._lenet else {},
+                "plans": {k: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
+                          for k, r in self._runners.items()},
                 "kernels_per_step": {k: r.plan.kernel_count() for k, r in self._runners.items()}}
 
 
@@ -464,11 +475,29 @@ class CompiledInference:
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
         self._runners, self._sig, self._lenet = {}, None, None
         self.lenet_reason = None
+        self._lock = threading.Lock()
+
+    @property
+    def graph_count(self):
+        """CUDA graphs captured so far (bucket plans, and the fused LeNet-5 predictor's)."""
+        own = sum(r.bound.graph is not None for r in self._runners.values())
+        return own + (self._lenet.graph_count if self._lenet is not None else 0)
 
     def _fresh(self):
         if self._sig is None or not self._sig.fresh():
-            self._runners, self._lenet, self._sig = {}, None, signature(self.model)
+            self._runners, self._lenet, self._sig = {}, None, None
+            trace(self.model, self.input_shape, 1)        # Unsupported if a layer changed into one it can't take
+            self._sig = signature(self.model)
             self._plan_lenet()
+
+    def unsupported_reason(self):
+        """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
+        try:
+            with self._lock:
+                self._fresh()
+        except Unsupported as e:
+            return str(e)
+        return None
 
     def _plan_lenet(self):
         if self.preprocess is None or not self.fused or not self.softmax:
@@ -495,9 +524,13 @@ class CompiledInference:
 
     def __call__(self, x):
         """Outputs for ``x`` (numpy in -> numpy out, DeviceArray in -> DeviceArray out)."""
+        with self._lock:            # the plans' buffers and graphs are shared by the calls
+            return self._call(x)
+
+    def _call(self, x):
         self._fresh()
-        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim == 3:
-            return self._lenet(x)
+        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim in (3, 4):
+            return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
         if self.preprocess is not None and isinstance(x, np.ndarray):
             x = self._preprocess(x)
         device_in = isinstance(x, _C.DeviceArray)

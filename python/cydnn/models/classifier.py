@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from .. import nn, ops
+from .. import compiler, nn, ops
 
 __all__ = ["ImageClassifier"]
 
@@ -201,11 +201,13 @@ class ImageClassifier(nn.Sequential):
         elsewhere -- needs ``model.mean, model.std = 0.0, 1.0`` (or its own)
         first, or its probabilities are wrong without any error.
 
-        ``fast``: on the GPU, a model the fused kernels take (LeNet-5) goes
-        through :class:`cydnn.fast.FastPredictor` (one C call: pinned copy
-        up, one fused kernel, copy down; ``batch_size`` is then ignored).
+        ``fast``: on the GPU, predict goes through the compiler
+        (:meth:`fast_predictor`: ``cydnn.compile(model, input_shape=...,
+        softmax=True)``: a plan and CUDA graph per size bucket; a LeNet-5
+        runs on its fused kernel, one C call; ``batch_size`` is then ignored).
         ``fast=False`` forces the reference per-layer path; ``fast=True``
-        raises ValueError, with the reason, where the fast path cannot run.
+        raises ValueError, with the reason, where the fast path cannot run
+        (on the CPU, or a layer the compiler does not take).
 
         ``precision`` (GPU only): ``"fp32"`` (default), ``"tf32"`` (cuDNN and
         cuBLAS may use TF32 tensor cores) or ``"fp16"`` (convolutions and
@@ -224,8 +226,11 @@ class ImageClassifier(nn.Sequential):
         images = self._check_images(x)
         if fast is not False and precision == "fp32" and self._device == "cuda" and batch_size >= 1:
             cached = self.__dict__.get("_fast_predictor")      # the common case, in few steps
-            if cached is not None and cached[0] == tuple(self._modules.values()):
-                return cached[1](images[:, 0])                  # LeNet-5 only: one channel
+            if cached is not None and cached[0] == self._preprocessing_key():
+                try:
+                    return cached[1](images)
+                except compiler.Unsupported:                  # a layer was replaced by one it can't take
+                    self.__dict__.pop("_fast_predictor", None)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if precision not in self.PRECISIONS:
@@ -243,10 +248,12 @@ class ImageClassifier(nn.Sequential):
                 return self.predict(images, batch_size=batch_size, fast=False)
             finally:
                 _C.configure(allow_tf32=saved["allow_tf32"], fp16=saved["fp16"])
+        if fast is True and self.device != "cuda":
+            raise ValueError(f"predict(fast=True): the fast path runs on 'cuda', the model is on {self.device!r}")
         if fast is not False and self.device == "cuda":
             predictor = self.fast_predictor(required=fast is True)
             if predictor is not None:
-                return predictor(images[:, 0])
+                return predictor(images)
         backend = ops.backend(self.device)
         probs = np.empty((len(images), self.num_classes), dtype=np.float32)
         # Calls on one model take turns: each switches the model to eval mode and back, and two
@@ -263,33 +270,47 @@ class ImageClassifier(nn.Sequential):
                 self.train(was_training)
         return probs
 
+    def _preprocessing_key(self):
+        return (self.input_shape, self.input_pad, np.asarray(self.mean, np.float64).tobytes(),
+                np.asarray(self.std, np.float64).tobytes())
+
+    def network_input_shape(self):
+        """(C, H + 2 input_pad, W + 2 input_pad): what the first layer sees."""
+        c, h, w = self.input_shape
+        return (c, h + 2 * self.input_pad, w + 2 * self.input_pad)
+
     def fast_predictor(self, required=False):
-        """The model's :class:`cydnn.fast.FastPredictor` (made on first use), or None
-        (ValueError when ``required``) where the fast path cannot run this model."""
-        # The full check runs when the layers change; per call, one tuple compare.
-        layers = tuple(self._modules.values())
+        """The compiled inference :meth:`predict` uses on the GPU (made on first use, and again when the
+        preprocessing changes), or None (ValueError when ``required``) where the compiler cannot run
+        this model.  It re-plans by itself when a layer or parameter is replaced."""
+        key = self._preprocessing_key()
         cached = self.__dict__.get("_fast_predictor")
-        if cached is not None and cached[0] == layers and self.device == "cuda":
+        if cached is not None and cached[0] == key and self.device == "cuda" and \
+                cached[1].unsupported_reason() is None:
             return cached[1]
-        from .. import fast
-        reason = fast.lenet_unsupported_reason(self)
+        self.__dict__.pop("_fast_predictor", None)
+        reason = None if self.device == "cuda" else f"the model is on {self.device!r}, not 'cuda'"
+        predictor = None
+        if reason is None:
+            try:
+                predictor = compiler.compile(self, input_shape=self.network_input_shape(), softmax=True,
+                                             preprocess=(self.mean, self.std, self.input_pad))
+            except compiler.Unsupported as e:
+                reason = str(e)
         if reason is not None:
             if required:
                 raise ValueError(f"predict(fast=True): {reason}")
             return None
-        predictor = fast.FastPredictor(self)
-        self.__dict__["_fast_predictor"] = (layers, predictor)
+        self.__dict__["_fast_predictor"] = (key, predictor)
         return predictor
 
     def compile(self, optimizer, batch_size, loss_fn=None, cuda_graph=True, fused=True):
-        """A compiled training step (:class:`cydnn.fast.CompiledStep`): checks once, static
-        buffers, fused kernels, CUDA graphs; ``step.train_epoch(loader, scheduler)``.
-
-        Falls back to the reference loop (``step.info()["reason"]`` says why) for a
-        model or optimizer the fused kernels don't take."""
-        from .. import fast
-        return fast.compile_training(self, optimizer, batch_size, loss_fn=loss_fn, cuda_graph=cuda_graph,
-                                     fused=fused)
+        """A compiled training step (``cydnn.compile(model, optimizer, batch_size)``, see
+        :class:`cydnn.compiler.CompiledStep`): ``loss = step(x, y)``, ``step.train_epoch(loader,
+        scheduler)``.  Falls back to the reference loop (``step.info()["reason"]`` says why) for a
+        model or optimizer the compiler does not take."""
+        return compiler.compile(self, optimizer, batch_size, loss_fn=loss_fn, cuda_graph=cuda_graph, fused=fused,
+                                input_shape=self.network_input_shape())
 
     def predict_classes(self, x, batch_size=1024):
         """The most probable class of each image: int64 (N,).  Same input rules as :meth:`predict`."""

@@ -1,4 +1,6 @@
-"""Build cydnn: nvcc compiles cpp/*.cu, the objects are linked into one Cython extension.
+"""Build cydnn: nvcc compiles cpp/*.cu, the objects are linked into one Cython extension (cydnn._C);
+the CPU kernels are a second, plain C extension with OpenMP (cydnn.ops.cpu._kernels), which needs
+neither CUDA nor a GPU.
 
     pip install -e .                          # a fresh machine (fetches what it lacks)
     pip install --no-build-isolation -e .     # offline, with the build requirements installed
@@ -7,10 +9,15 @@ Environment knobs:
     NVCC, CUDA_HOME, CUDA_PATH   where to find nvcc (see build_tools/cuda_toolchain.py)
     CYDNN_CUDA_ARCHS             e.g. "90" to build one architecture while developing
                                  (default: sm_80 and sm_90 cubins plus compute_90 PTX)
+    CYDNN_BUILD_CACHE            the object cache folder (default $XDG_CACHE_HOME/cydnn/build or
+                                 ~/.cache/cydnn/build; "off" to compile everything every time):
+                                 nvcc objects are reused when the source, the headers, the command
+                                 line and the compilers are unchanged (build_tools/object_cache.py)
 """
 import concurrent.futures
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,7 +27,9 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "build_tools"))
 import cuda_toolchain  # noqa: E402
+import object_cache  # noqa: E402
 
+CUDA_EXTENSION = "cydnn._C"
 CPP_DIR = os.path.join("cpp")
 CU_SOURCES = sorted(glob.glob(os.path.join(CPP_DIR, "*.cu")))
 CU_HEADERS = sorted(glob.glob(os.path.join(CPP_DIR, "*.h")) + glob.glob(os.path.join(CPP_DIR, "*.cuh")))
@@ -55,6 +64,8 @@ class BuildExtWithCuda(build_ext):
 
         import numpy
         for ext in self.extensions:
+            if ext.name != CUDA_EXTENSION:
+                continue
             ext.extra_objects += objects
             ext.include_dirs += [CPP_DIR, numpy.get_include()]
             ext.library_dirs += list(dict.fromkeys([tc.cudart_lib_dir, tc.cublas.lib_dir, tc.cudnn.lib_dir]))
@@ -68,38 +79,61 @@ class BuildExtWithCuda(build_ext):
         super().build_extensions()
 
     def compile_cuda(self, tc, staged_include):
+        """nvcc -c every cpp/*.cu, each object taken from the object cache when its key is there."""
         out_dir = os.path.join(os.path.abspath(self.build_temp), "cuda")
         os.makedirs(out_dir, exist_ok=True)
-        newest_header = max(os.path.getmtime(h) for h in CU_HEADERS)
+        cpp_dir = os.path.abspath(CPP_DIR)
         base = [tc.nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--threads", "1",
-                "-I" + os.path.abspath(CPP_DIR), "-I" + staged_include] + arch_flags()
+                "-I" + cpp_dir, "-I" + staged_include] + arch_flags()
+        cache = object_cache.cache_dir()
+        headers = [os.path.abspath(h) for h in CU_HEADERS] + sorted(glob.glob(os.path.join(staged_include, "*.h")))
+        toolchain = object_cache.tool_identity([tc.nvcc], [shutil.which("gcc") or "gcc"])
+        hits = []
 
         def compile_one(src):
+            src = os.path.abspath(src)
             obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
-            if (os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
-                    and not self.force):
+            cmd = base + ["-c", src, "-o", obj]
+            key = object_cache.object_key(src, headers, cmd, toolchain, replacements=[
+                (obj, "<object>"), (src, "<source>"), (cpp_dir, "<cpp>"), (staged_include, "<cuda_include>")])
+            if not self.force and object_cache.fetch(cache, key, obj):
+                hits.append(src)
                 return obj
-            cmd = base + ["-c", os.path.abspath(src), "-o", obj]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            object_cache.store(cache, key, obj)
             return obj
 
         workers = max(1, min(len(CU_SOURCES), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(compile_one, CU_SOURCES))
+            objects = list(pool.map(compile_one, CU_SOURCES))
+        self.announce(f"cydnn: {len(hits)} of {len(objects)} CUDA objects from the cache "
+                      f"({cache or 'off'})", level=3)
+        return objects
 
 
 def extensions():
     from Cython.Build import cythonize
     ext = Extension(
-        "cydnn._C",
+        CUDA_EXTENSION,
         sources=[os.path.join("python", "cydnn", "_C.pyx")],
         language="c++",
         extra_compile_args=["-O2", "-std=c++17"],
     )
-    return cythonize([ext], compiler_directives={"language_level": 3, "embedsignature": True},
-                     include_path=[os.path.join("python", "cydnn")])
+    # The CPU kernels: plain C, OpenMP, no CUDA.  -ffp-contract=off keeps a*b + c two roundings,
+    # as in numpy (the tests compare the kernels with the numpy twin bit for bit where they can).
+    kernels = Extension(
+        "cydnn.ops.cpu._kernels",
+        sources=[os.path.join("python", "cydnn", "ops", "cpu", "_kernels.pyx")],
+        language="c",
+        extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+        extra_link_args=["-fopenmp"],
+    )
+    directives = {"language_level": 3, "embedsignature": True}
+    return (cythonize([ext], compiler_directives=directives, include_path=[os.path.join("python", "cydnn")])
+            # its generated C goes to build/cython, not beside the .pyx
+            + cythonize([kernels], compiler_directives=directives, build_dir=os.path.join("build", "cython")))
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithCuda})

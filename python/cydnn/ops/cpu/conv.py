@@ -19,12 +19,20 @@ when the output rows are short (ow < 16, e.g. LeNet's second layer, ow = 8),
 runs of ow*n numbers instead of ow (measured 2.5-3x faster for LeNet's second
 layer), at the price of transposing y and dy, element by element, to and from
 NCHW -- which costs more than it saves when ow is long.
+
+With the compiled kernels (``kernels.set_kernels("cython")``), im2col reads the
+padding as zeros instead of copying a padded x, the bias is added while y is
+laid out as NCHW, dy is laid out as rows, and col2im adds straight into dx:
+one pass each, in C with OpenMP, the columns always ordered (b, i, j) (the
+batch-innermost order only helps numpy's strided adds).  The cache has the
+same form either way, so the two can be mixed.  The products go through
+``_threads.matmul`` (BLAS threads by size) in both.
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import _check
-from . import _windows
+from . import _threads, _windows, kernels
 from .arrays import FLOATS as _FLOATS
 
 __all__ = ["conv_forward", "conv_backward"]
@@ -90,14 +98,33 @@ def conv_forward(x, w, b, stride=1, padding=0):
     """
     stride_hw, pad_hw, out_hw = _check.check_conv(x, w, b, stride, padding, _FLOATS)
     n, k = x.shape[0], w.shape[0]
+    xp_shape = x.shape[:2] + (x.shape[2] + 2 * pad_hw[0], x.shape[3] + 2 * pad_hw[1])
+    compiled = kernels.active()
+    if compiled is not None:
+        return _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape)
     batch_inner = out_hw[1] < BATCH_INNER_BELOW_OW
     xp = _windows.pad(x, pad_hw)
     cols = _im2col(xp, w.shape[2:], stride_hw, batch_inner)
-    y = w.reshape(k, -1) @ cols  # (k, n*oh*ow)
+    y = _threads.matmul(w.reshape(k, -1), cols)  # (k, n*oh*ow)
     if b is not None:
         y += b[:, None]  # on contiguous rows: several times faster than on the (n, k, oh, ow) result
     # The cache keeps the columns (about kh*kw times x's size) so that backward needs no second im2col.
-    return _to_nchw(y, n, out_hw, batch_inner), (xp.shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
+    return _to_nchw(y, n, out_hw, batch_inner), (xp_shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
+
+
+def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
+    """conv_forward with the compiled im2col and bias + layout kernels (columns ordered (b, i, j))."""
+    n, c = x.shape[:2]
+    k, _, kh, kw = w.shape
+    (sh, sw), (ph, pw), (oh, ow) = stride_hw, pad_hw, out_hw
+    x = np.ascontiguousarray(x)
+    cols = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
+    compiled.im2col(x, cols, kh, kw, sh, sw, ph, pw, False, _threads.omp_threads(cols.size))
+    y = _threads.matmul(w.reshape(k, -1), cols)
+    out = np.empty((n, k, oh, ow), dtype=x.dtype)
+    bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
+    compiled.rows_to_nchw(y, bias, out, False, b is not None, False, _threads.omp_threads(y.size))
+    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, False)
 
 
 def conv_backward(dy, cache, need_dx=True):
@@ -114,10 +141,20 @@ def conv_backward(dy, cache, need_dx=True):
     out_hw = ((hp - kh) // stride_hw[0] + 1, (wp - kw) // stride_hw[1] + 1)
     _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k) + out_hw, dtype=w.dtype)
 
-    d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
-    dw = (d @ cols.T).reshape(w.shape)
+    compiled = kernels.active()
+    if compiled is None:
+        d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
+    else:
+        d = np.empty((k, cols.shape[1]), dtype=dy.dtype)
+        compiled.nchw_to_rows(np.ascontiguousarray(dy), d, batch_inner, _threads.omp_threads(d.size))
+    dw = _threads.matmul(d, cols.T).reshape(w.shape)
     db = d.sum(axis=1) if has_bias else None
     if not need_dx:
         return None, dw, db
-    dxp = _col2im(w.reshape(k, -1).T @ d, xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
+    dcols = _threads.matmul(w.reshape(k, -1).T, d)
+    if compiled is not None:  # added straight into dx: the padding is never written
+        dx = np.zeros((n, c, hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]), dtype=dy.dtype)
+        compiled.col2im(dcols, dx, kh, kw, *stride_hw, *pad_hw, batch_inner, _threads.omp_threads(dcols.size))
+        return dx, dw, db
+    dxp = _col2im(dcols, xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
     return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db

@@ -35,6 +35,11 @@ CU_SOURCES = sorted(glob.glob(os.path.join(CPP_DIR, "*.cu")))
 CU_HEADERS = sorted(glob.glob(os.path.join(CPP_DIR, "*.h")) + glob.glob(os.path.join(CPP_DIR, "*.cuh")))
 
 
+def say(message):
+    """A line on stderr (shown by `pip install -v`; setuptools' announce drops its own levels)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def arch_flags():
     archs = os.environ.get("CYDNN_CUDA_ARCHS")
     if archs:
@@ -56,9 +61,8 @@ class BuildExtWithCuda(build_ext):
         missing = tc.missing()
         if missing:
             raise RuntimeError("cannot build cydnn, missing:\n  - " + "\n  - ".join(missing))
-        self.announce(f"cydnn: nvcc {tc.nvcc}; cuDNN from the {tc.cudnn.source} ({tc.cudnn.lib_dir}); "
-                      f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); "
-                      f"CUDA runtime {tc.cudart_lib_dir}", level=3)
+        say(f"cydnn: nvcc {tc.nvcc}; cuDNN from the {tc.cudnn.source} ({tc.cudnn.lib_dir}); "
+            f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); CUDA runtime {tc.cudart_lib_dir}")
         staged = cuda_toolchain.stage_headers(tc, os.path.join(os.path.abspath(self.build_temp), "cuda_include"))
         objects = self.compile_cuda(tc, staged)
 
@@ -76,7 +80,42 @@ class BuildExtWithCuda(build_ext):
             # builds rely on cydnn/_libs.py, which preloads them by path.
             ext.extra_link_args += ["-Wl,-rpath,$ORIGIN/../nvidia/cu13/lib",
                                     "-Wl,-rpath,$ORIGIN/../nvidia/cudnn/lib"]
+        self.compiler.compile = self.cached_compile(self.compiler.compile)
         super().build_extensions()
+
+    def cached_compile(self, compile_fn):
+        """The host compiler's ``compile``, taking each object from the object cache when there.
+
+        The key: the generated C/C++ source (which holds everything Cython took from the .pyx,
+        .pxi and .pxd files), cpp/*.h, the compiler's command line and ``--version``, and the
+        Python and numpy whose headers it includes.  The temporary build folder is not part of it.
+        """
+        import sysconfig
+
+        import numpy
+        cache = object_cache.cache_dir()
+        toolchain = (object_cache.tool_identity([self.compiler.compiler_so[0]])
+                     + f"\npython {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}\nnumpy {numpy.__version__}")
+
+        def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
+                    extra_postargs=None, depends=None):
+            objects = self.compiler.object_filenames(sources, output_dir=output_dir)
+            cmd = (list(self.compiler.compiler_so) + [repr(m) for m in (macros or [])] + list(include_dirs or [])
+                   + list(extra_preargs or []) + list(extra_postargs or []) + [f"debug={debug}"])
+            keys = [object_cache.object_key(src, [os.path.abspath(h) for h in CU_HEADERS], cmd + [src], toolchain)
+                    for src in sources]
+            missed = [(src, obj, key) for src, obj, key in zip(sources, objects, keys)
+                      if self.force or not object_cache.fetch(cache, key, obj)]
+            if missed:
+                compile_fn([src for src, _, _ in missed], output_dir=output_dir, macros=macros,
+                           include_dirs=include_dirs, debug=debug, extra_preargs=extra_preargs,
+                           extra_postargs=extra_postargs, depends=depends)
+                for _, obj, key in missed:
+                    object_cache.store(cache, key, obj)
+            say(f"cydnn: {len(sources) - len(missed)} of {len(sources)} host objects from the cache ({cache or 'off'})")
+            return objects
+
+        return compile
 
     def compile_cuda(self, tc, staged_include):
         """nvcc -c every cpp/*.cu, each object taken from the object cache when its key is there."""
@@ -108,8 +147,7 @@ class BuildExtWithCuda(build_ext):
         workers = max(1, min(len(CU_SOURCES), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             objects = list(pool.map(compile_one, CU_SOURCES))
-        self.announce(f"cydnn: {len(hits)} of {len(objects)} CUDA objects from the cache "
-                      f"({cache or 'off'})", level=3)
+        say(f"cydnn: {len(hits)} of {len(objects)} CUDA objects from the cache ({cache or 'off'})")
         return objects
 
 

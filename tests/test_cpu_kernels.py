@@ -21,6 +21,15 @@ if not cpu.kernels_available()[0]:
     pytest.skip(f"the compiled CPU kernels are not built: {cpu.kernels_available()[1]}", allow_module_level=True)
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def every_kernel_on_all_cores():
+    """Run every kernel with all its OpenMP threads, however small the work (races show)."""
+    saved = _threads.PARALLEL_ELEMENTS
+    _threads.PARALLEL_ELEMENTS = 0
+    yield
+    _threads.PARALLEL_ELEMENTS = saved
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 
@@ -76,23 +85,35 @@ def test_conv_kernels_match_the_twin(case):
 
 @SETTINGS
 @given(conv_case())
-def test_im2col_and_col2im_kernels_match_the_twin_in_both_column_orders(case):
+def test_im2col_and_col2im_kernels_match_the_twin_exactly(case):
     from cydnn.ops.cpu import _kernels, _windows
     from cydnn.ops.cpu import conv as conv_module
-    n, c, _, h, wd, (kh, kw), (sh, sw), (ph, pw), batch_inner, dtype, seed = case
+    n, c, _, h, wd, (kh, kw), (sh, sw), (ph, pw), _, dtype, seed = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, wd)).astype(dtype)
     xp = _windows.pad(x, (ph, pw))
-    ref = np.ascontiguousarray(conv_module._im2col(xp, (kh, kw), (sh, sw), batch_inner))
+    ref = np.ascontiguousarray(conv_module._im2col(xp, (kh, kw), (sh, sw), True))
+    xt = np.full((c, h, wd, n), np.nan, dtype=dtype)
+    _kernels.batch_inner(x, xt, 2)
+    np.testing.assert_array_equal(xt, x.transpose(1, 2, 3, 0))
+    back = np.full(x.shape, np.nan, dtype=dtype)
+    _kernels.batch_outer(xt, back, 2)
+    np.testing.assert_array_equal(back, x)
     cols = np.full(ref.shape, np.nan, dtype=dtype)  # every entry must be written
-    _kernels.im2col(x, cols, kh, kw, sh, sw, ph, pw, batch_inner, 2)
+    _kernels.im2col_bi(xt, cols, kh, kw, sh, sw, ph, pw, 2)
     np.testing.assert_array_equal(cols, ref)  # a copy: exact
     oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
     dcols = rng.standard_normal(ref.shape).astype(dtype)
-    dxp = conv_module._col2im(dcols, xp.shape, (kh, kw), (sh, sw), (oh, ow), batch_inner)
-    dx = np.zeros(x.shape, dtype=dtype)
-    _kernels.col2im(dcols, dx, kh, kw, sh, sw, ph, pw, batch_inner, 2)
-    np.testing.assert_array_equal(dx, _windows.unpad(dxp, (ph, pw)))  # same adds in the same order
+    for order in (True, False):  # col2im of either column order; the same adds in the same order: exact
+        dxp = conv_module._col2im(dcols, xp.shape, (kh, kw), (sh, sw), (oh, ow), order)
+        if order:
+            dxt = np.zeros((c, h, wd, n), dtype=dtype)
+            _kernels.col2im_bi(dcols, dxt, kh, kw, sh, sw, ph, pw, 2)
+            dx = dxt.transpose(3, 0, 1, 2)
+        else:
+            dx = np.zeros(x.shape, dtype=dtype)
+            _kernels.col2im(dcols, dx, kh, kw, sh, sw, ph, pw, False, 2)
+        np.testing.assert_array_equal(dx, _windows.unpad(dxp, (ph, pw)))
 
 
 @st.composite
@@ -144,6 +165,27 @@ def test_relu_kernels_equal_the_twin_bit_for_bit(shape, dtype, seed):
     with np.errstate(invalid="ignore"):  # inf * 0 is NaN in both
         ref, out = both(lambda: cpu.relu_backward(dy, y0))
     np.testing.assert_array_equal(out, ref)
+
+
+@SETTINGS
+@given(st.integers(1, 40), st.integers(1, 6), st.integers(1, 20), st.integers(1, 20), st.booleans(), st.booleans(),
+       DTYPES, st.integers(0, 2**31))
+def test_the_layout_kernels_of_convolution(n, m, oh, ow, has_bias, relu, dtype, seed):
+    from cydnn.ops.cpu import _kernels
+    rng = np.random.default_rng(seed)
+    y = rng.standard_normal((m, oh * ow * n)).astype(dtype)  # columns ordered (i, j, b)
+    bias = rng.standard_normal(m).astype(dtype)
+    ref = y.reshape(m, oh, ow, n).transpose(3, 0, 1, 2) + (bias[None, :, None, None] if has_bias else 0)
+    if relu:
+        ref = np.maximum(ref, 0)
+    out = np.full((n, m, oh, ow), np.nan, dtype=dtype)
+    _kernels.rows_bi_to_nchw(y, bias, out, has_bias, relu, 2)
+    np.testing.assert_array_equal(out, ref)
+    rows = np.full(y.shape, np.nan, dtype=dtype)
+    _kernels.nchw_to_rows_bi(np.ascontiguousarray(ref), rows, 2)
+    np.testing.assert_array_equal(rows, np.ascontiguousarray(ref.transpose(1, 2, 3, 0)).reshape(m, -1))
+    _kernels.nchw_to_rows(np.ascontiguousarray(ref), rows, False, 2)
+    np.testing.assert_array_equal(rows, np.ascontiguousarray(ref.transpose(1, 0, 2, 3)).reshape(m, -1))
 
 
 def test_relu_kernel_takes_a_non_contiguous_input(rng):

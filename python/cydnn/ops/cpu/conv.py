@@ -20,13 +20,14 @@ runs of ow*n numbers instead of ow (measured 2.5-3x faster for LeNet's second
 layer), at the price of transposing y and dy, element by element, to and from
 NCHW -- which costs more than it saves when ow is long.
 
-With the compiled kernels (``kernels.set_kernels("cython")``), im2col reads the
-padding as zeros instead of copying a padded x, the bias is added while y is
-laid out as NCHW, dy is laid out as rows, and col2im adds straight into dx:
-one pass each, in C with OpenMP, the columns always ordered (b, i, j) (the
-batch-innermost order only helps numpy's strided adds).  The cache has the
-same form either way, so the two can be mixed.  The products go through
-``_threads.matmul`` (BLAS threads by size) in both.
+With the compiled kernels (``kernels.set_kernels("cython")``) the columns are
+always ordered (i, j, b): x is transposed once to (c, h, w, n), after which
+each im2col copy (and each col2im add) of a kernel offset and an output row is
+one run of ow*n numbers (for stride 1); the padding is read as zeros, never
+copied; the bias is added during the transposition of y to NCHW.  One pass
+each, in C with OpenMP.  The cache has the same form either way, so the two
+can be mixed (the kernels take a cache of either column order).  The products
+go through ``_threads.matmul`` (BLAS threads by size) in both.
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -113,18 +114,49 @@ def conv_forward(x, w, b, stride=1, padding=0):
 
 
 def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
-    """conv_forward with the compiled im2col and bias + layout kernels (columns ordered (b, i, j))."""
-    n, c = x.shape[:2]
+    """conv_forward with the compiled kernels, the columns always ordered (i, j, b): x is
+    transposed to (c, h, w, n) once, after which every im2col copy is a run of ow*n numbers."""
+    n, c, h, wd = x.shape
     k, _, kh, kw = w.shape
-    (sh, sw), (ph, pw), (oh, ow) = stride_hw, pad_hw, out_hw
-    x = np.ascontiguousarray(x)
+    (oh, ow), threads = out_hw, _threads.omp_threads
+    xt = np.empty((c, h, wd, n), dtype=x.dtype)
+    compiled.batch_inner(np.ascontiguousarray(x), xt, threads(x.size))
     cols = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
-    compiled.im2col(x, cols, kh, kw, sh, sw, ph, pw, False, _threads.omp_threads(cols.size))
+    compiled.im2col_bi(xt, cols, kh, kw, *stride_hw, *pad_hw, threads(cols.size))
     y = _threads.matmul(w.reshape(k, -1), cols)
     out = np.empty((n, k, oh, ow), dtype=x.dtype)
     bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
-    compiled.rows_to_nchw(y, bias, out, False, b is not None, False, _threads.omp_threads(y.size))
-    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, False)
+    compiled.rows_bi_to_nchw(y, bias, out, b is not None, False, threads(y.size))
+    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, True)
+
+
+def _backward_compiled(compiled, dy, cache, need_dx):
+    """conv_backward with the compiled kernels (either column order of the cache)."""
+    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner = cache
+    n, c, hp, wp = xp_shape
+    k, _, kh, kw = w.shape
+    h, wd = hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]
+    threads = _threads.omp_threads
+    dy = np.ascontiguousarray(dy)
+    d = np.empty((k, cols.shape[1]), dtype=dy.dtype)  # dy as rows, columns ordered like cols
+    if batch_inner:
+        compiled.nchw_to_rows_bi(dy, d, threads(d.size))
+    else:
+        compiled.nchw_to_rows(dy, d, False, threads(d.size))
+    dw = _threads.matmul(d, cols.T).reshape(w.shape)
+    db = d.sum(axis=1) if has_bias else None
+    if not need_dx:
+        return None, dw, db
+    dcols = _threads.matmul(w.reshape(k, -1).T, d)
+    if batch_inner:  # added into dx as (c, h, w, n), in runs of ow*n, then transposed
+        dxt = np.zeros((c, h, wd, n), dtype=dy.dtype)
+        compiled.col2im_bi(dcols, dxt, kh, kw, *stride_hw, *pad_hw, threads(dcols.size))
+        dx = np.empty((n, c, h, wd), dtype=dy.dtype)
+        compiled.batch_outer(dxt, dx, threads(dx.size))
+    else:  # added straight into dx; the padding is never written
+        dx = np.zeros((n, c, h, wd), dtype=dy.dtype)
+        compiled.col2im(dcols, dx, kh, kw, *stride_hw, *pad_hw, False, threads(dcols.size))
+    return dx, dw, db
 
 
 def conv_backward(dy, cache, need_dx=True):
@@ -142,19 +174,12 @@ def conv_backward(dy, cache, need_dx=True):
     _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k) + out_hw, dtype=w.dtype)
 
     compiled = kernels.active()
-    if compiled is None:
-        d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
-    else:
-        d = np.empty((k, cols.shape[1]), dtype=dy.dtype)
-        compiled.nchw_to_rows(np.ascontiguousarray(dy), d, batch_inner, _threads.omp_threads(d.size))
+    if compiled is not None:
+        return _backward_compiled(compiled, dy, cache, need_dx)
+    d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
     dw = _threads.matmul(d, cols.T).reshape(w.shape)
     db = d.sum(axis=1) if has_bias else None
     if not need_dx:
         return None, dw, db
-    dcols = _threads.matmul(w.reshape(k, -1).T, d)
-    if compiled is not None:  # added straight into dx: the padding is never written
-        dx = np.zeros((n, c, hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]), dtype=dy.dtype)
-        compiled.col2im(dcols, dx, kh, kw, *stride_hw, *pad_hw, batch_inner, _threads.omp_threads(dcols.size))
-        return dx, dw, db
-    dxp = _col2im(dcols, xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
+    dxp = _col2im(_threads.matmul(w.reshape(k, -1).T, d), xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
     return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db

@@ -515,3 +515,72 @@ def test_scheduler_state_dict_keeps_base_lr_and_time():
     sched2 = optim.StepLR(opt2, step_size=2, gamma=0.5)
     sched2.load_state_dict(sd)
     assert (sched2.base_lr, sched2.last_epoch, opt2.lr) == (0.8, 5, 0.8 * 0.5 ** 2)
+
+
+# ------------------------------------------ what mutation testing asked for
+def test_defaults_are_pytorchs():
+    adam = optim.Adam(_one())
+    assert adam.hyperparameters() == {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+    assert optim.AdamW(_one(), eps=1e-3).eps == 1e-3                # AdamW passes every setting on
+    opt = optim.SGD(_one(), lr=1.0)
+    sched = optim.StepLR(opt, step_size=1)                         # gamma defaults to 0.1
+    sched.step()
+    assert opt.lr == pytest.approx(0.1, rel=1e-15)
+
+
+def test_a_parameter_without_gradient_does_not_stop_the_others():
+    a, b = nn.Parameter(np.ones(3, np.float32)), nn.Parameter(np.ones(3, np.float32))
+    opt = optim.SGD([a, b], lr=0.5)
+    b.grad = np.ones(3, np.float32)                              # the first has none
+    opt.step()
+    np.testing.assert_array_equal(a.data, np.ones(3, np.float32))
+    np.testing.assert_array_equal(b.data, np.full(3, 0.5, np.float32))
+
+
+def test_state_dict_is_a_snapshot_not_a_view():
+    opt = _trained(SGD_M, n=1)
+    sd = opt.state_dict()
+    saved = sd["state"][0]["momentum_buffer"].copy()
+    opt.params[0].grad = np.ones((2, 3), np.float32)
+    opt.step()                                                   # the live buffer moves on
+    np.testing.assert_array_equal(sd["state"][0]["momentum_buffer"], saved)
+    assert not np.array_equal(opt.state[0]["momentum_buffer"], saved)
+
+
+def test_load_state_dict_converts_dtype_and_keeps_entries_after_a_none():
+    src = _trained(SGD_M, n=2)
+    sd = src.state_dict()
+    sd["state"][0] = None                                        # the first parameter never had a gradient
+    sd["state"][1]["momentum_buffer"] = sd["state"][1]["momentum_buffer"].astype(np.float64)
+    sd["state"][1] = {"momentum_buffer": sd["state"][1]["momentum_buffer"], "step": 2}   # another key order
+    dst = _trained(SGD_M, n=2, steps=0)
+    dst.load_state_dict(sd)
+    assert dst.state[0] is None
+    assert dst.state[1]["step"] == 2 and dst.state[1]["momentum_buffer"].dtype == np.float32
+    np.testing.assert_array_equal(dst.state[1]["momentum_buffer"], src.state[1]["momentum_buffer"])
+    plain = optim.SGD(_one(), lr=0.1)                            # momentum 0: the buffer is None
+    plain.load_state_dict({"hyperparameters": plain.hyperparameters(),
+                           "state": [{"momentum_buffer": None, "step": 4}]})
+    assert plain.state == [{"momentum_buffer": None, "step": 4}]
+
+
+def test_load_state_dict_names_the_type_of_odd_hyperparameters():
+    opt = optim.SGD(_one(), lr=0.1)
+    with pytest.raises(ValueError, match=r"hyperparameters must be \[.*\], got list$"):
+        opt.load_state_dict({"hyperparameters": [0.1], "state": [None]})
+
+
+@pytest.mark.gpu
+def test_state_dict_of_a_cuda_optimizer_is_on_the_host():
+    cuda = ops.backend("cuda")
+    p = nn.Parameter(cuda.asarray(np.zeros((2, 3), np.float32)))
+    opt = optim.Adam([p], lr=0.1)
+    p.grad = cuda.asarray(np.ones((2, 3), np.float32))
+    opt.step()
+    sd = opt.state_dict()
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert isinstance(sd["state"][0][key], np.ndarray)
+        np.testing.assert_array_equal(sd["state"][0][key], cuda.to_numpy(opt.state[0][key]))
+    opt2 = optim.Adam([nn.Parameter(cuda.asarray(np.zeros((2, 3), np.float32)))], lr=0.1)
+    opt2.load_state_dict(sd)
+    assert type(opt2.state[0]["exp_avg"]) is type(p.data)           # back on the device

@@ -1,43 +1,89 @@
-"""Writes examples/notebooks/framework_internals.ipynb (without outputs) from the cells below.
+"""Builds the teaching notebook from the cells below and, when asked, runs it with nbclient.
 
-Edit the cells here, run `python3 tools/make_notebook.py`, then execute the notebook with
-`python3 tools/run_notebook.py examples/notebooks/framework_internals.ipynb` (on the GPU machine for the
-committed copy)."""
-import json
-cells = []
-def md(s): cells.append({"cell_type": "markdown", "metadata": {}, "source": s.strip("\n").splitlines(True)})
-def code(s): cells.append({"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": s.strip("\n").splitlines(True)})
+    python tools/make_notebook.py --execute               # run it into build/notebooks/framework_internals.ipynb
+    python tools/make_notebook.py --execute --out PATH    # run it into PATH
+    python tools/make_notebook.py --execute --in-place    # refresh the committed copy's outputs (the GPU machine)
+    python tools/make_notebook.py --in-place              # rewrite the committed copy from these cells, no outputs
+
+The cells here are the source of examples/notebooks/framework_internals.ipynb: edit them, not the
+.ipynb. The committed notebook is written only with ``--in-place``; every other run writes a copy.
+``--execute`` runs the notebook the way Jupyter does: nbclient (Jupyter's own executor) starts an
+ipykernel kernel in the notebook's folder and runs every cell; plots come out of matplotlib's
+inline backend as ``image/png`` outputs. A cell that raises stops the run (exit status 1, the
+copy is still written, with the error in it). MNIST is found by the notebook itself through
+``cydnn.datasets`` (the cache in ``$CYDNN_DATA``, a mirror in ``$CYDNN_MNIST_MIRROR``, or the public
+mirrors); when ``$CYDNN_DATA`` is unset this tool points it at the repository's ``data/`` folder,
+the cache ``python -m cydnn.train`` fills when started from the repository root.
+Needs ``pip install -e ".[test]"`` (nbclient, nbformat, ipykernel, matplotlib).
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "notebooks" / "framework_internals.ipynb"
+DEFAULT_OUT = ROOT / "build" / "notebooks" / NOTEBOOK.name
+
+CELLS = []      # (kind, source) in order
+
+
+def md(source):
+    CELLS.append(("markdown", source.strip("\n")))
+
+
+def code(source):
+    CELLS.append(("code", source.strip("\n")))
+
 
 md("""
 # How a deep-learning framework works inside — cydnn, live
 
 This notebook opens cydnn up while it runs: the path of one call from numpy down to cuDNN, every layer
 forward and backward with its shapes, a gradient check, the memory pool and cuDNN's algorithm choice,
-a training run with its pictures, what CUDA graphs and fused kernels change, and inference on numpy
-arrays. It runs top to bottom without a GPU (the GPU cells say so and skip themselves); the committed
-copy holds the outputs of a full run on an H100.
+a training run with its pictures, the compiler's plan for LeNet-5, what CUDA graphs and fused kernels
+change, and inference on numpy arrays. It runs top to bottom without a GPU too (the GPU cells then say
+what they would show, and training uses a small subset of MNIST). The committed copy holds the outputs
+of its last run; the first cell's output names the GPU it ran on.
+
+MNIST comes through cydnn's own dataset API: the cache (`$CYDNN_DATA`, else `./data` beside the
+kernel), then the mirror named in `$CYDNN_MNIST_MIRROR` (a folder with the four MNIST `.gz` files, or a
+URL), else the public mirrors. Set a variable from here with `%env CYDNN_MNIST_MIRROR=/path/to/mnist`
+and re-run the cell.
 """)
 code("""
-import os, time, tempfile, inspect
+%matplotlib inline
+import os, time, tempfile
 from pathlib import Path
 import numpy as np
-import matplotlib
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import cydnn
 from cydnn import datasets, introspect, models, nn, ops, optim
 
 GPU = cydnn.cuda.is_available()
-print("cydnn", cydnn.versions()["cydnn"], "| GPU:", cydnn.cuda.get_device_name() if GPU else "none (GPU cells will skip)")
+device = "cuda" if GPU else "cpu"
+print("cydnn", cydnn.versions()["cydnn"], "| GPU:",
+      cydnn.cuda.get_device_name() if GPU else "none (the GPU cells say what they would show)")
+""")
+code("""
+class MNISTUnavailable(RuntimeError):
+    def _render_traceback_(self):      # IPython shows this one line instead of a traceback
+        return [f"MNISTUnavailable: {self}"]
 
-# MNIST: $CYDNN_TEST_MNIST, or the project's shared copy, or a folder .mnist at the repository root.
-candidates = [os.environ.get("CYDNN_TEST_MNIST"), "../../../shared/data/mnist", "../../.mnist"]
-MNIST = next(str(Path(c).resolve()) for c in candidates if c and Path(c).is_dir())
-LIMIT = int(os.environ.get("CYDNN_NB_LIMIT", 60000 if GPU else 5000))
-root = tempfile.mkdtemp()
-train_set = datasets.MNIST(root=root, train=True, mirrors=[MNIST])
-test_set = datasets.MNIST(root=root, train=False, mirrors=[MNIST])
-print(f"MNIST from {MNIST}: {len(train_set)} train / {len(test_set)} test images; training on {LIMIT}")
+mirror = os.environ.get("CYDNN_MNIST_MIRROR")
+try:
+    train_set, test_set = datasets.load_mnist(mirrors=[mirror] if mirror else None)
+except (datasets.DatasetDownloadError, OSError, ValueError) as e:
+    raise MNISTUnavailable(
+        f"MNIST is not in {datasets.data_root().resolve() / 'mnist'} and no mirror gave it "
+        f"({str(e).splitlines()[0]}): set CYDNN_MNIST_MIRROR=DIR_OR_URL (a folder with the four MNIST .gz files) "
+        "or CYDNN_DATA=DIR (a folder holding mnist/), e.g. %env CYDNN_MNIST_MIRROR=DIR, and re-run this cell") from None
+LIMIT = int(os.environ.get("CYDNN_NB_LIMIT", 60000 if GPU else 2000))   # training images (a subset on the CPU)
+TEST = len(test_set) if GPU else 2000                                    # test images
+test_images, test_labels = test_set.images[:TEST], test_set.labels[:TEST]
+print(f"MNIST in {os.path.relpath(train_set.folder)}: {len(train_set)} train / {len(test_set)} test images; "
+      f"training on {LIMIT}, testing on {TEST}")
 """)
 md("""
 ## 1. The path of one call
@@ -69,7 +115,7 @@ Each op returns `(y, cache)`; its backward takes `(dy, cache)` and returns the g
 code("""
 rng = np.random.default_rng(0)
 model = models.LeNet5(seed=0)
-x = model.preprocess(test_set.images[:4])                      # (4, 1, 28, 28), normalised
+x = model.preprocess(test_images[:4])                          # (4, 1, 28, 28), normalised
 h = x
 print(f"{'layer':8s} {'input':>16s} -> {'output':16s}")
 for name, layer in model._modules.items():
@@ -86,7 +132,8 @@ for name, layer in reversed(list(model._modules.items())):
 """)
 code("""
 if not GPU:
-    print("no GPU: the GPU comparison is skipped")
+    print("no GPU: here conv, max-pool, ReLU and linear would run forward and backward on the GPU and on the "
+          "numpy twin, printing max|gpu - cpu| of each (0 for pooling and ReLU, ~1e-5 for conv and linear on an H100)")
 else:
     xs = rng.standard_normal((8, 6, 12, 12)).astype(np.float32)
     ws = rng.standard_normal((16, 6, 5, 5)).astype(np.float32)
@@ -137,12 +184,14 @@ md("""
 
 Every `DeviceArray` comes from cydnn's caching pool: a freed block goes back to the pool and the next
 request of its size class takes it (a *cache hit*) without asking the driver. Once warm, a training
-step asks the driver for nothing: every allocation is a cache hit (`num_device_mallocs` does not move). The first convolution of each shape measures cuDNN's
-algorithms (`cudnnFind*`) and keeps the fastest usable one in a plan.
+step asks the driver for nothing: every allocation is a cache hit (`num_device_mallocs` does not move).
+The first convolution of each shape measures cuDNN's algorithms (`cudnnFind*`) and keeps the fastest
+usable one in a plan.
 """)
 code("""
 if not GPU:
-    print("no GPU: the pool and algorithm cells are skipped")
+    print("no GPU: here one warm training step would print the pool's counters before and after it "
+          "(num_allocs and num_cache_hits grow by the same count, num_device_mallocs does not move)")
 else:
     m = models.LeNet5(seed=0).to("cuda")
     loader = datasets.DataLoader(train_set.images[:640], train_set.labels[:640], batch_size=64,
@@ -162,7 +211,10 @@ else:
         print(f"{k:20s} {before[k]:>12,} -> {after[k]:>12,}")
 """)
 code("""
-if GPU:
+if not GPU:
+    print("no GPU: here each convolution shape of LeNet-5 at batch 64 would list the algorithms cuDNN measured "
+          "(forward, backward data, backward filter), their times, and the one kept")
+else:
     for a in cydnn.cuda.conv_algorithms():
         if "n=64" not in a["key"]:
             continue
@@ -173,13 +225,13 @@ if GPU:
 md("""
 ## 5. Training LeNet-5 for an epoch
 
-The reference loop, one op at a time, recording the loss every few batches (on a machine without a GPU,
-on `CYDNN_NB_LIMIT` images).
+The reference loop, one op at a time, at batch 32 (the training command's default), recording the loss
+every few batches. Without a GPU it trains on the first `LIMIT` images only (2,000 unless
+`$CYDNN_NB_LIMIT` says otherwise) and tests on 2,000, so the pictures below come in seconds.
 """)
 code("""
-device = "cuda" if GPU else "cpu"
 model = models.LeNet5(seed=0).to(device)
-loader = datasets.DataLoader(train_set.images[:LIMIT], train_set.labels[:LIMIT], batch_size=64, seed=0,
+loader = datasets.DataLoader(train_set.images[:LIMIT], train_set.labels[:LIMIT], batch_size=32, seed=0,
                              mean=model.mean, std=model.std, device=device)
 opt = optim.SGD(model.parameters(), lr=0.03, momentum=0.9, nesterov=True, weight_decay=5e-4)
 loss_fn = nn.CrossEntropyLoss()
@@ -191,28 +243,31 @@ for i, (x, y) in enumerate(loader):
     if i % 10 == 0:
         losses.append((i, float(ops.backend_of(loss).to_numpy(loss))))
 print(f"one epoch of {LIMIT} images on {device}: {time.perf_counter() - t0:.1f} s")
-probs = model.predict(test_set.images)
+probs = model.predict(test_images)
 pred = probs.argmax(1)
-print(f"test accuracy {np.mean(pred == test_set.labels):.2%}")
+print(f"test accuracy {np.mean(pred == test_labels):.2%} on {TEST} test images")
 plt.figure(figsize=(5, 3)); plt.plot(*zip(*losses)); plt.xlabel("batch"); plt.ylabel("loss"); plt.title("training loss")
 plt.show()
 """)
 code("""
 conf = np.zeros((10, 10), int)
-np.add.at(conf, (test_set.labels, pred), 1)
+np.add.at(conf, (test_labels, pred), 1)
 fig, ax = plt.subplots(figsize=(4.5, 4.5))
 ax.imshow(np.log1p(conf), cmap="Blues")
 for i in range(10):
     for j in range(10):
         ax.text(j, i, conf[i, j], ha="center", va="center", fontsize=7,
                 color="white" if np.log1p(conf[i, j]) > 0.6 * np.log1p(conf.max()) else "black")
-ax.set(xlabel="predicted", ylabel="true", title="confusion matrix", xticks=range(10), yticks=range(10))
+ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (colour: log of the count)",
+       xticks=range(10), yticks=range(10))
 plt.show()
-wrong = np.flatnonzero(pred != test_set.labels)[:16]
+wrong = np.flatnonzero(pred != test_labels)[:16]
 fig, axes = plt.subplots(2, 8, figsize=(10, 3))
+for ax in axes.flat:
+    ax.axis("off")
 for ax, i in zip(axes.flat, wrong):
-    ax.imshow(test_set.images[i], cmap="gray"); ax.axis("off")
-    ax.set_title(f"{test_set.labels[i]} as {pred[i]}", fontsize=8)
+    ax.imshow(test_images[i], cmap="gray")
+    ax.set_title(f"{test_labels[i]} as {pred[i]}", fontsize=8)
 fig.suptitle("misclassified test digits (true as predicted)")
 plt.show()
 """)
@@ -224,17 +279,37 @@ for k, ax in enumerate(axes):
 fig.suptitle("learned conv1 filters"); plt.show()
 cpu_model = models.LeNet5(seed=0)
 cpu_model.load_state_dict(model.state_dict())
-digit = cpu_model.preprocess(test_set.images[:1])
+digit = cpu_model.preprocess(test_images[:1])
 maps = cpu_model.act1(cpu_model.conv1(digit))[0]
 fig, axes = plt.subplots(1, 7, figsize=(10, 1.7))
-axes[0].imshow(test_set.images[0], cmap="gray"); axes[0].set_title("digit", fontsize=8)
+axes[0].imshow(test_images[0], cmap="gray"); axes[0].set_title("digit", fontsize=8)
 for k in range(6):
     axes[k + 1].imshow(maps[k], cmap="viridis"); axes[k + 1].set_title(f"map {k}", fontsize=8)
 for ax in axes: ax.axis("off")
 fig.suptitle("conv1 + ReLU feature maps of one digit"); plt.show()
 """)
 md("""
-## 6. What a CUDA graph and a fused kernel change
+## 6. The compiler's plan for LeNet-5
+
+`cydnn.compile(model, optimizer, batch_size=64)` turns a model and its optimizer into one training
+step, planned once; `step.explain()` prints the plan: each step with the library calls or kernels it
+runs, every buffer with its bytes, and what the compiler's passes did. Without a GPU the compiled step
+does not run (the first line says why), but the plan is the same. On a cydnn without `cydnn.compile`
+the cell says so in one line.
+""")
+code("""
+# --- The compiler's plan for LeNet-5: cydnn.compile(...).explain() ---
+if not hasattr(cydnn, "compile"):
+    print("this cydnn has no cydnn.compile yet: once it has, this cell prints the compiler's plan for LeNet-5")
+else:
+    import cydnn.compiler
+    plan_model = models.LeNet5(seed=0).to(device)
+    step = cydnn.compile(plan_model, optim.SGD(plan_model.parameters(), lr=0.03, momentum=0.9), batch_size=64,
+                         input_shape=(1, 28, 28))
+    print(step.explain())
+""")
+md("""
+## 7. What a CUDA graph and a fused kernel change
 
 The reference loop calls the C library ~35 times per step from Python (each call validates its
 arguments and launches one or more kernels). `model.compile(...)` checks once, allocates every buffer
@@ -244,7 +319,9 @@ step the host keeps ahead of the GPU, so the graphs add only a few percent.
 """)
 code("""
 if not GPU:
-    print("no GPU: the graph / fused-kernel comparison is skipped")
+    print("no GPU: here the reference loop's calls into the C library per step would be counted (~35), then one "
+          "epoch timed three ways: reference loop, fused kernels, fused kernels in CUDA graphs (about 1.2 s, "
+          "0.074 s and 0.072 s on an H100)")
 else:
     from cydnn import _C
     calls = {"n": 0}
@@ -280,7 +357,7 @@ else:
               f"   graphs: {info['graphs'] or '-'}   train acc {r['accuracy']:.2%}")
 """)
 md("""
-## 7. Inference on numpy arrays
+## 8. Inference on numpy arrays
 
 Save the model of section 5, load it back (a checkpoint is one `.npz`, never unpickled), and predict raw
 uint8 digits. On the GPU `predict` takes the fast path: one C call (pinned memory, one fused kernel in a
@@ -290,10 +367,12 @@ code("""
 path = Path(tempfile.mkdtemp()) / "lenet.npz"
 model.save(path)
 loaded = cydnn.load(path, device=device)
-digits = test_set.images[100:106]
+digits = test_images[100:106]
 p = loaded.predict(digits)
 if GPU:
     print(f"fast vs reference path: max |dp| = {np.abs(p - loaded.predict(digits, fast=False)).max():.1e}")
+else:
+    print("no GPU: on a GPU this line compares predict's fast path with the per-layer reference (max |dp| ~3e-7)")
 fig, axes = plt.subplots(2, 6, figsize=(11, 3.6), gridspec_kw={"height_ratios": [2, 1]})
 for k in range(6):
     axes[0, k].imshow(digits[k], cmap="gray"); axes[0, k].axis("off")
@@ -302,10 +381,67 @@ for k in range(6):
     axes[1, k].tick_params(labelsize=6)
 plt.show()
 """)
-nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-      "language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}
-for i, c in enumerate(nb["cells"]):
-    c["id"] = f"cell-{i}"
-import pathlib
-out = pathlib.Path(__file__).resolve().parents[1] / "examples" / "notebooks" / "framework_internals.ipynb"
-json.dump(nb, open(out, "w"), indent=1)
+
+
+def build():
+    """The notebook (an nbformat NotebookNode) from CELLS, with stable cell ids."""
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                   "language_info": {"name": "python"}}
+    for i, (kind, source) in enumerate(CELLS):
+        cell = nbformat.v4.new_code_cell(source) if kind == "code" else nbformat.v4.new_markdown_cell(source)
+        cell.id = f"cell-{i}"
+        nb.cells.append(cell)
+    nbformat.validate(nb)
+    return nb
+
+
+def execute(nb, timeout, kernel_name):
+    """Runs every cell with nbclient in the notebook's folder; returns the error that stopped it, or None."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    os.environ.setdefault("CYDNN_DATA", str(ROOT / "data"))
+    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, record_timing=False,
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    try:
+        client.execute()
+    except CellExecutionError as e:
+        return e
+    return None
+
+
+def write(nb, out):
+    """Writes through a temporary file and a rename, so a reader never sees half a notebook."""
+    import nbformat
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    nbformat.write(nb, str(tmp))
+    os.replace(tmp, out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python tools/make_notebook.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--execute", action="store_true", help="run every cell with nbclient (default: write it unrun)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None, help=f"where to write (default: {DEFAULT_OUT.relative_to(ROOT)})")
+    where.add_argument("--in-place", action="store_true", help=f"write the committed {NOTEBOOK.relative_to(ROOT)}")
+    p.add_argument("--timeout", type=int, default=600, help="seconds one cell may run (default: 600)")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3, this Python)")
+    args = p.parse_args(argv)
+    out = NOTEBOOK if args.in_place else (args.out or DEFAULT_OUT).resolve()
+    nb = build()
+    error, start = None, time.perf_counter()
+    if args.execute:
+        error = execute(nb, args.timeout, args.kernel)
+    write(nb, out)
+    ran = f"executed in {time.perf_counter() - start:.1f} s" if args.execute else "not executed"
+    print(f"{out} ({ran})", file=sys.stderr)
+    if error is not None:
+        print(f"a cell raised, the run stopped there:\n{error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

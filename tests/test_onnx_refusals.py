@@ -105,7 +105,7 @@ def test_flatten_axis_minus_rank_plus_one_is_axis_one(tmp_path):
 
 def test_gemm_with_trans_a_is_refused(tmp_path):
     path = save(tmp_path, [gemm(transA=1)], {"w": W, "b": B})
-    assert refused(path) == f"{path}: node 0 ('fc', Gemm): transA=1 is not supported"
+    assert refused(path) == f"{path}: node 0 ('fc', Gemm): transA=1 is not supported (only [0])"
 
 
 def test_gemm_with_a_weight_from_the_data_is_refused(tmp_path):
@@ -121,7 +121,8 @@ def test_gemm_weight_that_does_not_fit_the_input_is_refused(tmp_path):
     assert refused(path) == (f"{path}: node 0 ('fc', Gemm): weight for 5 input features, "
                              f"but the input has 4")
     path = save(tmp_path, [gemm()], {"w": W, "b": np.zeros(4, np.float32)}, name="bias.onnx")
-    assert refused(path) == f"{path}: node 0 ('fc', Gemm): bias of shape (4,) does not fit 3 outputs"
+    assert refused(path).startswith(f"{path}: node 0 ('fc', Gemm): the bias (C) of shape (4,) does not broadcast "
+                                    f"as one bias per output to (batch, 3)")
 
 
 def test_several_inputs_are_refused(tmp_path):

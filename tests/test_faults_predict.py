@@ -105,10 +105,10 @@ def test_device_arrays_work_in_ops_after_empty_cache():
 def test_the_fast_predictors_c_calls_take_turns_between_threads():
     """The fast predictor's C call releases the GIL (it waits on the GPU); its pinned buffers and
     graphs are shared by the calls, so the calls of one predictor must never overlap.  The real
-    FastPredictor, made by ``predict`` itself, with its C predictor wrapped to count how many calls
-    are inside at once (and to hold each call a little longer, GIL released): with the predictor's
-    own lock the peak is 1 and every result equals the call made alone; with the lock taken out
-    the same threads do overlap, so the count can see an overlap when there is one."""
+    compiled predictor, made by ``predict`` itself, with its fused LeNet-5 predictor wrapped to
+    count how many calls are inside at once (and to hold each call a little longer, GIL released):
+    with the compiled predictor's own lock the peak is 1 and every result equals the call made
+    alone; with the lock taken out the same threads do overlap, so the count can see an overlap."""
     import contextlib
     import threading
     import time
@@ -119,27 +119,28 @@ def test_the_fast_predictors_c_calls_take_turns_between_threads():
     alone = [m.predict(b) for b in batches]                 # makes the predictor (public API)
     predictor = m.fast_predictor()
     assert predictor is not None and isinstance(predictor._lock, type(threading.Lock()))
-    real = predictor._p
+    real = predictor._lenet                                # the fused LeNet-5 kernel's predictor
+    assert real is not None, predictor.lenet_reason
 
     class Counting:
         inside = peak = calls = 0
         guard = threading.Lock()
 
-        def __call__(self, params, images):
+        def __call__(self, images):
             with self.guard:
                 self.inside += 1
                 self.peak = max(self.peak, self.inside)
                 self.calls += 1
             try:
                 time.sleep(0.002)
-                return real(params, images)
+                return real(images)
             finally:
                 with self.guard:
                     self.inside -= 1
 
     def hammer():
         counting = Counting()
-        predictor._p = counting
+        predictor._lenet = counting
         results, errors = [], []
 
         def work(k):
@@ -165,7 +166,7 @@ def test_the_fast_predictors_c_calls_take_turns_between_threads():
         counting, _ = hammer()
         assert counting.calls == 60 and counting.peak > 1
     finally:
-        predictor._p, predictor._lock = real, threading.Lock()
+        predictor._lenet, predictor._lock = real, threading.Lock()
 
 
 def test_predict_fast_true_on_the_cpu_raises_as_documented():

@@ -227,14 +227,17 @@ def test_check_conv_geometry_matches_the_output(x_shape, w_shape, stride, paddin
     assert cpu.conv_forward(x, w, None, stride, padding)[0].shape == (x_shape[0], w_shape[0]) + out_hw
 
 
-@pytest.mark.parametrize("kernel, stride, padding", [(2, None, 0), (3, 2, 1), ((3, 2), (1, 2), (1, 1))])
-def test_check_pool_geometry_matches_the_output(kernel, stride, padding):
+@pytest.mark.parametrize("kernel, stride, padding, expected", [
+    (2, None, 0, ((2, 2), (2, 2), (0, 0), (3, 3))),                     # stride defaults to the kernel
+    (3, 2, 1, ((3, 3), (2, 2), (1, 1), (4, 3))),                        # (7+2-3)//2+1, (6+2-3)//2+1
+    ((3, 2), (1, 2), (1, 1), ((3, 2), (1, 2), (1, 1), (7, 4))),         # (7+2-3)//1+1, (6+2-2)//2+1
+])
+def test_check_pool_geometry_matches_the_output(kernel, stride, padding, expected):
+    """check_pool's (kernel, stride, padding, output size) against values worked out by hand."""
     x = np.zeros((2, 3, 7, 6))
-    kernel_hw, stride_hw, pad_hw, out_hw = _check.check_pool("max_pool_forward", x, kernel, stride, padding, FLOATS)
-    assert kernel_hw == _check.pair(kernel, "kernel", "t")
-    assert stride_hw == (kernel_hw if stride is None else _check.pair(stride, "stride", "t"))
-    assert cpu.max_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + out_hw
-    assert cpu.avg_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + out_hw
+    assert _check.check_pool("max_pool_forward", x, kernel, stride, padding, FLOATS) == expected
+    assert cpu.max_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + expected[3]
+    assert cpu.avg_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + expected[3]
 
 
 def test_other_check_return_values():

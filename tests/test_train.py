@@ -60,7 +60,7 @@ def test_train_json_checkpoint_and_inference(tmp_path, device):
     model = cydnn.load(str(ckpt), device=device)
     test = datasets.MNIST(root=tmp_path / "data", train=False, download=False)
     acc = float((model.predict_classes(test.images) == test.labels).mean())
-    assert abs(acc - summary["test_accuracy"]) <= 2e-4 if device == "cpu" else 1e-3
+    assert abs(acc - summary["test_accuracy"]) <= (2e-4 if device == "cpu" else 1e-3)
     assert cydnn.serialization.load_metadata(str(ckpt))["test_accuracy"] == summary["test_accuracy"]
 
 

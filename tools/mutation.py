@@ -41,16 +41,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # module -> (sources to mutate, under python/; the test files that exercise them).
 TABLE = {
-    "optim": (["cydnn/optim.py"], ["tests/test_optim.py", "tests/test_faults_api.py"]),
-    "ops/cpu": (["cydnn/ops/cpu"], ["tests/test_ops_cpu.py"]),
-    "serialization": (["cydnn/serialization.py"],
-                      ["tests/test_serialization.py", "tests/test_faults_checkpoint.py",
-                       "tests/test_faults_checkpoint_more.py"]),
+    "optim": (["cydnn/optim.py"], ["tests/test_optim*.py", "tests/test_faults_api.py"]),
+    "ops/cpu": (["cydnn/ops/cpu"], ["tests/test_ops_cpu*.py", "tests/test_layers_norm.py",
+                                    "tests/test_datasets_loader.py", "tests/test_datasets_augment.py"]),
+    "serialization": (["cydnn/serialization.py", "cydnn/checkpoint_checks.py"],
+                      ["tests/test_serialization.py", "tests/test_faults_checkpoint*.py",
+                       "tests/test_hostile_readers.py"]),
     "interop": (["cydnn/interop.py"], ["tests/test_interop.py"]),
-    "onnx_import": (["cydnn/onnx_import.py"], ["tests/test_onnx_import.py", "tests/test_onnx_refusals.py"]),
-    "datasets": (["cydnn/datasets"], ["tests/test_datasets.py", "tests/test_faults_download*.py"]),
-    # The compiler's Python passes (being written): whatever tests/test_compiler*.py holds.
-    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py"]),
+    "onnx_import": (["cydnn/onnx_import.py", "cydnn/onnx_builder.py", "cydnn/onnx_checks.py"],
+                    ["tests/test_onnx_import.py", "tests/test_onnx_refusals.py", "tests/test_hostile_readers.py"]),
+    "datasets": (["cydnn/datasets"], ["tests/test_datasets*.py", "tests/test_faults_download*.py",
+                                      "tests/test_download_lock.py"]),
+    # The compiler's Python passes (trace, passes, lower, ...).
+    "compiler": (["cydnn/compiler"], ["tests/test_compiler.py"]),
 }
 
 KILLED = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}     # failed, pytest error, timeouts, crashes, type check
@@ -84,11 +87,8 @@ def stage(scratch, sources, tests):
 
 
 def mutmut(*args, cwd, capture=False):
-    env = dict(os.environ)
-    # The tests must import the mutated copy (mutmut puts mutants/src first); drop any path that
-    # would hand them the work tree's cydnn instead.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                        if p and not (Path(p) / "cydnn").is_dir())
+    # The tests must import the mutated copy (mutmut puts mutants/src first).
+    env = {**os.environ, "PYTHONPATH": _mutmut_path()}
     return subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=cwd, env=env, text=True,
                           stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
                           stderr=subprocess.STDOUT if capture else subprocess.DEVNULL)
@@ -110,6 +110,35 @@ def read_results(scratch):
             else:
                 counts["not_checked"] += 1
     return counts, sorted(survivors)
+
+
+# Run in the scratch folder: the changed lines of each named mutant (mutmut's own diff).
+_DIFFS = """
+import json, sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+out = {}
+for key, path in json.load(sys.stdin):
+    diff = get_diff_for_mutant(key, path=path)
+    out[key] = "\\n".join(ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+print(json.dumps(out))
+"""
+
+
+def survivor_diffs(scratch, survivors):
+    todo = []
+    for meta in (scratch / "mutants" / "src").rglob("*.py.meta"):
+        keys = json.loads(meta.read_text())["exit_code_by_key"]
+        path = meta.relative_to(scratch / "mutants").as_posix()[:-len(".meta")]
+        todo += [(k, path) for k in survivors if k in keys]
+    out = subprocess.run([sys.executable, "-c", _DIFFS], cwd=scratch, input=json.dumps(todo), text=True,
+                         capture_output=True, env={**os.environ, "PYTHONPATH": _mutmut_path()})
+    return json.loads(out.stdout) if out.returncode == 0 else {k: f"(no diff: {out.stderr[-300:]})" for k in survivors}
+
+
+def _mutmut_path():
+    # Keep mutmut importable, drop any path that would hand the tests the work tree's cydnn.
+    return os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                           if p and not (Path(p) / "cydnn").is_dir())
 
 
 def run_module(name, scratch_root, args):
@@ -134,12 +163,7 @@ def run_module(name, scratch_root, args):
         print(f"{name:14s} mutmut failed (exit {out.returncode}):\n{out.stdout[-3000:]}")
         return 0.0
     score = counts["killed"] / total
-    diffs = {}
-    if args.survivors or args.json:
-        for key in survivors:
-            shown = mutmut("show", key, cwd=scratch, capture=True).stdout
-            diffs[key] = "\n".join(ln for ln in shown.splitlines()
-                                   if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
+    diffs = survivor_diffs(scratch, survivors) if (args.survivors or args.json) else {}
     report = ROOT / "build" / "mutation"
     report.mkdir(parents=True, exist_ok=True)
     (report / f"{name.replace('/', '_')}.json").write_text(json.dumps(

@@ -156,7 +156,6 @@ class Optimizer:
             if not isinstance(saved, dict) or set(saved) != set(self.STATE_KEYS):
                 got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
                 raise ValueError(f"optimizer state {i}: expected the keys {sorted(self.STATE_KEYS)}, got {got}")
-            backend = ops.backend_of(param.data)
             entry = {}
             for key, value in saved.items():
                 if key == "step":
@@ -178,8 +177,8 @@ class Optimizer:
                 for key, value in entry.items():
                     if isinstance(value, np.ndarray):
                         entry[key] = backend.asarray(np.array(value, dtype=param.dtype, copy=True))
-        for key, value in hp.items():
-            setattr(self, key, value)
+        for key, value in hp.items():          # checked above (lr by the same rule as its setter)
+            setattr(self, "_lr" if key == "lr" else key, value)
         self.state = new_state
 
 

@@ -19,6 +19,7 @@ Needs ``pip install -e ".[test]"`` (nbclient, nbformat, ipykernel, matplotlib).
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -402,11 +403,20 @@ def execute(nb, timeout, kernel_name):
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
     os.environ.setdefault("CYDNN_DATA", str(ROOT / "data"))
-    client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, record_timing=False,
-                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    from jupyter_client.manager import AsyncKernelManager
+    with tempfile.TemporaryDirectory(prefix="cydnn-kernel-") as sockets:
+        # Local (ipc) sockets in a private folder rather than TCP ports: nothing listens on the network.
+        km = AsyncKernelManager(kernel_name=kernel_name, transport="ipc",
+                                connection_file=os.path.join(sockets, "kernel.json"))
+        client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=kernel_name, record_timing=False,
+                                resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+        return _run(client, CellExecutionError)
+
+
+def _run(client, error_type):
     try:
         client.execute()
-    except CellExecutionError as e:
+    except error_type as e:
         return e
     return None
 

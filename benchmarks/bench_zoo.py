@@ -56,6 +56,14 @@ def zoo():
                  nn.ReLU(), nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
                  nn.Linear(128 * 16, 10)], (1, 28, 28))
 
+    def smallcnn_bn():
+        layers, c = [], 1
+        for w in (32, 64, 128):
+            layers += [nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+                       nn.Conv2d(w, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2)]
+            c = w
+        return layers + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)], (1, 28, 28)
+
     return {
         "lenet5": lambda: lenet(),
         "lenet5_classic": lambda: lenet(classic=True),
@@ -64,6 +72,7 @@ def zoo():
         "mlp_784_128_10": lambda: mlp((784, 128, 10)),
         "cnn32_24_48_96": cnn32,
         "allconv_stride2": allconv,
+        "smallcnn_bn": smallcnn_bn,
     }
 
 
@@ -71,8 +80,8 @@ def build(name, seed=0):
     layers, shape = zoo()[name]()
     rng = np.random.default_rng(seed)
     for m in layers:                                   # same initial weights every time
-        for p in m._parameters.values():
-            if p is not None:
+        for k, p in m._parameters.items():
+            if p is not None and type(m).__name__ in ("Conv2d", "Linear"):
                 p.data = rng.uniform(-0.1, 0.1, p.shape).astype(np.float32)
     return nn.Sequential(*layers), shape
 
@@ -84,17 +93,23 @@ def torch_twin(model):
     for m in model:
         kind = type(m).__name__
         if kind == "Conv2d":
-            t = tnn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding)
+            t = tnn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
+                           bias=m.bias is not None)
+        elif kind in ("BatchNorm2d", "BatchNorm1d"):
+            t = getattr(tnn, kind)(m.num_features, eps=m.eps, momentum=m.momentum)
+        elif kind == "AdaptiveAvgPool2d":
+            t = tnn.AdaptiveAvgPool2d(1)
         elif kind == "Linear":
             t = tnn.Linear(m.in_features, m.out_features)
         elif kind in ("MaxPool2d", "AvgPool2d"):
             t = getattr(tnn, kind)(m._kwargs["kernel"], m._kwargs["stride"], m._kwargs["padding"])
         else:
             t = getattr(tnn, kind)()
-        if kind in ("Conv2d", "Linear"):
+        if kind in ("Conv2d", "Linear", "BatchNorm2d", "BatchNorm1d"):
             with torch.no_grad():
                 t.weight.copy_(torch.from_numpy(ops.cuda.to_numpy(m.weight.data)))
-                t.bias.copy_(torch.from_numpy(ops.cuda.to_numpy(m.bias.data)))
+                if m.bias is not None:
+                    t.bias.copy_(torch.from_numpy(ops.cuda.to_numpy(m.bias.data)))
         mods.append(t)
     return tnn.Sequential(*mods).cuda()
 

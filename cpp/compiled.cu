@@ -6,13 +6,15 @@
 //
 //   bias_act_forward    y = act(x + bias[c])             replaces add-bias + activation
 //   bias_act_backward   g = dy * act'(y); dbias[c] = sum g   replaces activation backward
-//                                                         + bias gradient
+//                       + bias gradient (chunks of a channel in parallel, then their sums in order)
 //   flat_update         one launch updates every parameter (SGD / Adam / AdamW) over
 //                       flat parameter, gradient and state buffers; lr and the step
 //                       number come from device memory (a schedule needs no re-capture)
 //   step_bookkeeping    after the update: loss sum, correct count, step counters
 //   dropout_step        dropout whose seed mixes in the device step counter, so a
 //                       replayed graph draws a new mask every step
+//   fold_batch_norm     inference: a batch norm's running statistics folded into the weights
+//                       and bias of the layer before it (computed in the graph, so it is fresh)
 //
 // Activations (act): 0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 leaky relu (slope).
 // Each derivative is written in terms of the output y, as the per-op backward kernels:
@@ -55,32 +57,44 @@ __global__ void bias_act_forward_kernel(const float *x, const float *bias, float
     }
 }
 
-// One block per channel c: g = dy * act'(y) over the (n, inner) elements of the
-// channel, written to dx, and their sum to dbias[c] (fixed reduction order: the
-// same bits every run).  dbias may be NULL (then it is an activation backward).
+// g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
+// kChunk elements, written to dx; the chunk's sum of g goes to partial[c * chunks + p]
+// (or straight to dbias[c] when one chunk covers the channel).  Fixed reduction order in
+// the block, and bias_sum_kernel adds a channel's chunks in order: the same bits every run.
 constexpr int kReduceThreads = 256;
+constexpr size_t kChunk = 8192;
 
-__global__ void bias_act_backward_kernel(const float *y, const float *dy, float *dx, float *dbias,
-                                         int n, int channels, size_t inner, int act, float slope) {
-    __shared__ float partial[kReduceThreads];
-    const int c = blockIdx.x;
-    const size_t per_channel = (size_t)n * inner;
+__global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
+                                            int channels, size_t inner, size_t per_channel, int chunks,
+                                            int act, float slope) {
+    __shared__ float sums[kReduceThreads];
+    const int c = blockIdx.y;
+    const size_t begin = (size_t)blockIdx.x * kChunk;
+    const size_t end = begin + kChunk < per_channel ? begin + kChunk : per_channel;
     float sum = 0.0f;
-    for (size_t k = threadIdx.x; k < per_channel; k += blockDim.x) {
+    for (size_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
         const size_t row = k / inner, col = k % inner;
         const size_t i = (row * channels + c) * inner + col;
         const float g = dy[i] * derivative(y[i], act, slope);
         if (dx != nullptr) dx[i] = g;
         sum += g;
     }
-    if (dbias == nullptr) return;
-    partial[threadIdx.x] = sum;
+    if (partial == nullptr) return;
+    sums[threadIdx.x] = sum;
     __syncthreads();
     for (int half = blockDim.x / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+        if ((int)threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) dbias[c] = partial[0];
+    if (threadIdx.x == 0) partial[(size_t)c * chunks + blockIdx.x] = sums[0];
+}
+
+__global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float total = 0.0f;
+    for (int p = 0; p < chunks; ++p) total += partial[(size_t)c * chunks + p];
+    dbias[c] = total;
 }
 
 // The update of every parameter in one launch (optimizer.cu's formulas).  The step
@@ -164,7 +178,36 @@ __global__ void dropout_step_kernel(const float *x, float *y, float *mask, size_
     }
 }
 
+// w_out[o, k] = w[o, k] * s[o] and b_out[o] = (b[o] - mean[o]) * s[o] + beta[o], s = gamma / sqrt(var + eps):
+// a batch norm in inference (running statistics) folded into the layer before it.
+__global__ void fold_batch_norm_kernel(const float *w, const float *b, const float *gamma, const float *beta,
+                                       const float *mean, const float *var, float eps, int out, size_t per_out,
+                                       float *w_out, float *b_out) {
+    const size_t total = (size_t)out * per_out;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const size_t o = i / per_out;
+        const float s = gamma[o] / sqrtf(var[o] + eps);
+        w_out[i] = w[i] * s;
+        if (i % per_out == 0) b_out[o] = ((b != nullptr ? b[o] : 0.0f) - mean[o]) * s + beta[o];
+    }
+}
+
 }  // namespace
+
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out) {
+    const char *op = "fold_batch_norm";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, w && gamma && beta && mean && var && w_out && b_out, "a pointer is NULL");
+    CYDNN_REQUIRE(op, out >= 1 && per_out >= 1, "sizes must be >= 1 (out=%d, per_out=%zu)", out, per_out);
+    const size_t total = (size_t)out * per_out;
+    fold_batch_norm_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
+    CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
 
 cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
                                      int n, int channels, size_t inner, int act, float slope) {
@@ -190,9 +233,25 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
                   n, channels, inner);
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
-    bias_act_backward_kernel<<<channels, kReduceThreads, 0, ctx->stream>>>(y, dy, dx, dbias, n, channels,
-                                                                          inner, act, slope);
-    CYDNN_LAUNCH_CHECK(op, "bias_act_backward_kernel");
+    const size_t per_channel = (size_t)n * inner;
+    const int chunks = (int)((per_channel + kChunk - 1) / kChunk);
+    CYDNN_REQUIRE(op, channels <= 65535, "at most 65535 channels, got %d", channels);
+    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
+    void *scratch = nullptr;
+    if (dbias != nullptr && chunks > 1) {
+        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
+        partial = static_cast<float *>(scratch);
+    }
+    act_backward_partial_kernel<<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+        y, dy, dx, dbias == nullptr ? nullptr : partial, channels, inner, per_channel, chunks, act, slope);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && scratch != nullptr) {
+        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
+            partial, dbias, channels, chunks);
+        e = cudaGetLastError();
+    }
+    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
+    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, "launch of act_backward_partial_kernel / bias_sum_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 

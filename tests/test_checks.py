@@ -207,15 +207,23 @@ def test_gpu_dtype_set_refuses_float64():
         raises(TypeError, call, "float64", "accepted: float32")
 
 
-CONV_GEOMETRIES = [((2, 3, 7, 6), (4, 3, 3, 2), 2, 1), ((1, 2, 9, 8), (3, 2, 3, 3), (2, 1), (1, 2)),
-                   ((1, 1, 5, 5), (1, 1, 5, 5), 1, 0)]
+# (x shape, w shape, stride, padding, the (stride, padding) pairs they mean, the output's H, W worked
+# out by hand: out = (size + 2 * pad - kernel) // stride + 1).
+CONV_GEOMETRIES = [
+    ((2, 3, 7, 6), (4, 3, 3, 2), 2, 1, ((2, 2), (1, 1)), (4, 4)),              # (7+2-3)//2+1, (6+2-2)//2+1
+    ((1, 2, 9, 8), (3, 2, 3, 3), (2, 1), (1, 2), ((2, 1), (1, 2)), (5, 10)),   # (9+2-3)//2+1, (8+4-3)//1+1
+    ((1, 1, 5, 5), (1, 1, 5, 5), 1, 0, ((1, 1), (0, 0)), (1, 1)),
+    ((3, 1, 28, 28), (6, 1, 5, 5), 1, 2, ((1, 1), (2, 2)), (28, 28)),         # LeNet's conv1
+    ((1, 1, 8, 7), (2, 1, 2, 3), (3, 2), 0, ((3, 2), (0, 0)), (3, 3)),         # (8-2)//3+1, (7-3)//2+1
+]
 
 
-@pytest.mark.parametrize("x_shape, w_shape, stride, padding", CONV_GEOMETRIES)
-def test_check_conv_geometry_matches_the_output(x_shape, w_shape, stride, padding):
+@pytest.mark.parametrize("x_shape, w_shape, stride, padding, pairs, out_hw", CONV_GEOMETRIES)
+def test_check_conv_geometry_matches_the_output(x_shape, w_shape, stride, padding, pairs, out_hw):
+    """check_conv's (stride, padding, output size) against values worked out by hand, and the
+    numpy twin's output has that size."""
     x, w = np.zeros(x_shape), np.zeros(w_shape)
-    stride_hw, pad_hw, out_hw = _check.check_conv(x, w, None, stride, padding, FLOATS)
-    assert stride_hw == _check.pair(stride, "stride", "t") and pad_hw == _check.pair(padding, "padding", "t")
+    assert _check.check_conv(x, w, None, stride, padding, FLOATS) == pairs + (out_hw,)
     assert cpu.conv_forward(x, w, None, stride, padding)[0].shape == (x_shape[0], w_shape[0]) + out_hw
 
 

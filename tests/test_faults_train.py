@@ -1,18 +1,16 @@
 """The train command under odd arguments and Ctrl-C (real subprocesses, on the CPU)."""
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cydnn
 
-MNIST = Path(os.environ.get("CYDNN_TEST_MNIST", Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"))
-pytestmark = pytest.mark.skipif(not MNIST.is_dir(), reason=f"real MNIST not found in {MNIST} (set CYDNN_TEST_MNIST)")
+from mnist_data import FOLDER as MNIST, real_mnist  # noqa: E402,F401  (the one MNIST lookup: tests/mnist_data.py)
+pytestmark = pytest.mark.usefixtures("real_mnist")
 
 
 def cmd(tmp_path, *extra):

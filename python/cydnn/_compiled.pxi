@@ -68,3 +68,13 @@ def copy_into(DeviceArray dst not None, DeviceArray src not None):
         raise ValueError(f"copy_into: dst is {dst.dtype} {dst.shape}, src is {src.dtype} {src.shape}")
     if dst.nbytes:
         check(cydnn_memcpy_d2d(ctx(), dst.data(), src.data(), dst.nbytes), "copy_into")
+
+
+def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not None, DeviceArray beta not None,
+                    DeviceArray mean not None, DeviceArray var not None, float eps, DeviceArray w_out not None,
+                    DeviceArray b_out not None):
+    """w_out = w * s, b_out = (b - mean) * s + beta, s = gamma / sqrt(var + eps) (per output channel)."""
+    cdef int out = w.shape[0]
+    check(cydnn_fold_batch_norm(ctx(), f32(w, "w"), f32_or_null(b, "b"), f32(gamma, "gamma"), f32(beta, "beta"),
+                                f32(mean, "mean"), f32(var, "var"), eps, out, w.size // out, f32(w_out, "w_out"),
+                                f32(b_out, "b_out")), "fold_batch_norm")

@@ -8,6 +8,7 @@ self-test leaves the plan running step by step, with the reason in ``info()`` an
 arrays the plan was bound to (identity compares) and re-plans when it does not.
 """
 import logging
+import threading
 
 import numpy as np
 
@@ -17,34 +18,91 @@ from . import lenet
 from .executor import Bound
 from .lower import lower_inference, lower_training
 from .passes import fuse, plan_memory
-from .trace import Unsupported, _leaves, trace
-from .train_step import FlatState, optimizer_reason
+from .trace import Unsupported, trace
+from .train_step import LR_TABLE, FlatState, optimizer_reason
 
 __all__ = ["CompiledStep", "CompiledInference", "signature"]
 
 log = logging.getLogger("cydnn.compiler")
 
 
+class Signature:
+    """What a bound plan depends on: every module's children, every parameter object and its array.
+
+    ``fresh()`` checks, by identity only, that none of them was replaced since (a few
+    microseconds: it runs on every call).  Values changing in place (training, ``copy_``)
+    need no check: the plan reads the arrays themselves.
+    """
+
+    def __init__(self, model):
+        self.entries = []          # (dict, key, object it held)
+        self.arrays = []           # (Parameter, array it held)
+        stack = [model]
+        while stack:
+            m = stack.pop()
+            self.entries.append((m.__dict__, "_modules", m._modules))
+            self.entries.append((m.__dict__, "_parameters", m._parameters))
+            for key, child in m._modules.items():
+                self.entries.append((m._modules, key, child))
+                stack.append(child)
+            for key, p in m._parameters.items():
+                self.entries.append((m._parameters, key, p))
+                if p is not None:
+                    self.arrays.append((p, p.data))
+            for key, a in getattr(m, "_buffers", {}).items():
+                if isinstance(a, _C.DeviceArray):       # running statistics (a host count may change freely)
+                    self.entries.append((m._buffers, key, a))
+        self.sizes = [(v, len(v)) for d, k, v in self.entries if k in ("_modules", "_parameters")]
+
+    def fresh(self):
+        for d, key, obj in self.entries:
+            if d.get(key) is not obj:
+                return False
+        for p, data in self.arrays:
+            if p.data is not data:
+                return False
+        for table, size in self.sizes:
+            if len(table) != size:
+                return False
+        return True
+
+
 def signature(model):
-    """What a bound plan depends on: the leaf modules, their Parameter objects and arrays."""
-    out = []
-    for _, m in _leaves(model):
-        out.append(m)
-        for p in m._parameters.values():
-            if p is not None:
-                out.append(p)
-                out.append(p.data)
-    return tuple(out)
+    return Signature(model)
 
 
-def _same(a, b):
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+def module_buffers(model, plan):
+    """The plan's running statistics and (inference) parameters, from the model's modules by path."""
+    out = {}
+    for name, buf in plan.buffers.items():
+        if buf.role != "param" or name.startswith("d:"):
+            continue
+        path, attr = name.rsplit(".", 1)
+        m = model
+        for part in path.split("."):
+            m = m._modules[part]
+        if attr in m._parameters:
+            out[name] = m._parameters[attr].data
+        elif attr in getattr(m, "_buffers", {}):
+            out[name] = m._buffers[attr]
+    return out
+
+
+def _batch_norms(plan):
+    return [n.module for n in plan.nodes if n.op == "batch_norm"]
+
+
+def _count_batches(modules, steps):
+    """num_batches_tracked as the reference forward keeps it (a host int64 counter)."""
+    for m in modules:
+        if m.num_batches_tracked is not None:
+            m.num_batches_tracked = np.array(int(m.num_batches_tracked) + steps, np.int64)
 
 
 def _build_plan(model, input_shape, batch, training, options, softmax=False):
     nodes = trace(model, input_shape, batch)
     plan_log = []
-    groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log)
+    groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log, training=training)
     if training:
         plan = lower_training(groups, nodes, batch, log=plan_log)
     else:
@@ -119,13 +177,20 @@ class CompiledStep:
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
         if self.reason:
             log.info("compile: reference path: %s", self.reason)
+        elif self.fused and self.input_shape is not None and self.batch_size <= _C.LENET_MAX_TRAIN_BATCH:
+            found = lenet.match(trace(self.model, self.input_shape, self.batch_size), self.input_shape)
+            if not isinstance(found, str):      # epochs on the hand-fused kernels (steps on the generic plan)
+                self.mode = "fused+graph" if cuda_graph else "fused"
         self._flat = None
         self._runners = {}
         self._sig = None
         self._lenet = None
         self._lenet_reason = None
+        self._num_classes = {}
 
     def _reference_reason(self):
+        if not self.cuda_graph and not self.fused:
+            return "compiled step switched off (cuda_graph=False, fused=False): the per-op reference loop"
         if type(self.loss_fn) is not nn.CrossEntropyLoss:
             return f"the compiled step computes CrossEntropyLoss, not {type(self.loss_fn).__name__}"
         if self.model.device != "cuda":
@@ -140,14 +205,16 @@ class CompiledStep:
 
     # -- planning --------------------------------------------------------------
     def _runner(self, batch, input_shape):
-        sig = signature(self.model)
-        if self._sig is None or not _same(sig, self._sig) or not self._flat.fresh(self._flat.params):
+        if self._sig is None or not self._sig.fresh() or not self._flat.fresh(self._flat.params):
             self._replan()
         key = (batch, tuple(input_shape))
         runner = self._runners.get(key)
         if runner is None:
             plan, _ = _build_plan(self.model, input_shape, batch, True, self.options)
-            runner = _Runner(plan, self._flat.given(), self.cuda_graph and self.mode != "steps")
+            given = self._flat.given()
+            given.update(module_buffers(self.model, plan))
+            runner = _Runner(plan, given, self.cuda_graph and self.mode != "steps")
+            runner.counted = [m for m in _batch_norms(plan)]
             self._runners[key] = runner
         return runner
 
@@ -163,7 +230,9 @@ class CompiledStep:
 
     def _snapshot(self):
         flat = self._flat
-        saved = [(a, a.copy()) for a in (flat.flat_param, flat.flat_s1, flat.flat_s2, flat.counters) if a is not None]
+        stats = [a for _, a in self.model.named_buffers() if isinstance(a, _C.DeviceArray)]
+        saved = [(a, a.copy()) for a in (flat.flat_param, flat.flat_s1, flat.flat_s2, flat.counters, *stats)
+                 if a is not None]
 
         def restore():
             for dst, src in saved:
@@ -184,11 +253,12 @@ class CompiledStep:
         runner.launch()
         for st in self.optimizer.state:
             st["step"] += 1
+        _count_batches(runner.counted, 1)
         self._flat.publish_grads()
         return runner.bound.arrays["loss"].copy()
 
     def _note(self, runner):
-        if not runner.use_graph and self.mode == "graph":
+        if not runner.use_graph and self.mode in ("graph", "fused+graph"):
             self.mode, self.reason = "steps", runner.reason
 
     def _reference_step(self, x, y):
@@ -227,8 +297,10 @@ class CompiledStep:
         return x, y
 
     def _classes(self, x):
-        nodes = trace(self.model, tuple(x.shape[1:]), 1)
-        return nodes[-1].out_shape[-1]
+        shape = tuple(x.shape[1:])
+        if shape not in self._num_classes:
+            self._num_classes[shape] = trace(self.model, shape, 1)[-1].out_shape[-1]
+        return self._num_classes[shape]
 
     @staticmethod
     def _feed(runner, x, y):
@@ -249,6 +321,7 @@ class CompiledStep:
             _C.synchronize()
         start = time.perf_counter()
         if self.mode == "reference":
+            self.mode_used = "reference"
             nsteps, images, loss, right = reference_epoch(self.model, self.loss_fn, self.optimizer, loader,
                                                           scheduler, steps, progress)
         else:
@@ -268,30 +341,33 @@ class CompiledStep:
         if result is not None:
             self.mode_used = "fused+graph" if self._lenet.use_graphs else "fused"
             return self._finish(result, scheduler)
-        self.mode_used = self.mode
+        self.mode_used = "graph" if self.mode in ("fused+graph", "fused") and self.cuda_graph else \
+            ("steps" if self.mode in ("fused+graph", "fused") else self.mode)
         opt = self.optimizer
         total = len(loader)
         nsteps = total if steps is None else max(0, min(int(steps), total))
         t0 = scheduler.last_epoch if scheduler is not None else 0
         images = 0
         started = False
+        lrs = np.array([scheduler.lr_at(t0 + j) for j in range(nsteps)], np.float32) if scheduler else None
         for i, (x, y) in enumerate(loader):
             if i >= nsteps:
                 break
             runner = self._runner(x.shape[0], x.shape[1:])
-            if not started:       # counters and the epoch's learning rates, once
+            if not started:       # the counters, once an epoch
                 self._flat.set_counters(opt.state[0]["step"], 0)
-                if scheduler is not None:
-                    self._flat.set_schedule(np.array([scheduler.lr_at(t0 + j) for j in range(nsteps)], np.float32))
-                else:
+                if lrs is None:
                     self._flat.set_lr(opt.lr)
                 started = True
+            if lrs is not None and i % LR_TABLE == 0:     # the epoch's learning rates, a table at a time
+                self._flat.set_schedule(lrs, first=i)
             self._feed(runner, x, y)
             if not runner.ready:
                 runner.prepare(self._snapshot, compare=("loss",))
                 self._note(runner)
-                self.mode_used = self.mode
+                self.mode_used = "steps" if not runner.use_graph else self.mode_used
             runner.launch()
+            _count_batches(runner.counted, 1)
             images += int(y.shape[0])
         if not started:
             return self._finish((0, 0, float("nan"), 0), scheduler)
@@ -329,6 +405,7 @@ class CompiledStep:
                 f"batch_size {self.batch_size} is over the fused step's {_C.LENET_MAX_TRAIN_BATCH}"
             return None
         classic, num_classes = found
+        self._lenet_reason = None
         params = lenet.parameters(nodes)
         if self._lenet is None or self._lenet.params != params:
             self._lenet = lenet.LeNetEpoch(params, classic, num_classes, self.optimizer, self.batch_size,
@@ -339,7 +416,7 @@ class CompiledStep:
             if not self._lenet.use_graphs:
                 raise
             self._lenet.use_graphs, self._lenet.graphs = False, {}
-            self.reason = f"CUDA graph capture failed: {e}"
+            self.mode, self.reason = "fused", f"CUDA graph capture failed: {e}"
             log.warning("compile: running the fused kernels without graphs: %s", self.reason)
             return self._lenet.run(loader, scheduler, steps)
 
@@ -361,12 +438,14 @@ class CompiledStep:
         return text
 
     def info(self):
-        graphs = {k: r.bound.graph.kernel_count for k, r in self._runners.items() if r.bound.graph is not None}
-        if self._lenet is not None:
-            graphs.update({("lenet",) + k: g.kernel_count for k, g in self._lenet.graphs.items()})
+        """mode and reason (see the class docstring); ``lenet``: why an epoch does not run on the LeNet-5
+        kernels (None when it does or was not tried); ``graphs``: the LeNet-5 epoch graphs, (batch, steps) ->
+        kernels; ``plans``: (batch, input shape) -> kernels of the plan's graph (None: launched step by step)."""
         return {"mode": self.mode, "reason": self.reason, "batch_size": self.batch_size,
-                "lenet": self._lenet_reason or ("fused kernels" if self._lenet else None),
-                "graphs": graphs,
+                "lenet": self._lenet_reason,
+                "graphs": dict((k, g.kernel_count) for k, g in self._lenet.graphs.items()) if self._lenet else {},
+                "plans": {k: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
+                          for k, r in self._runners.items()},
                 "kernels_per_step": {k: r.plan.kernel_count() for k, r in self._runners.items()}}
 
 
@@ -396,12 +475,29 @@ class CompiledInference:
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
         self._runners, self._sig, self._lenet = {}, None, None
         self.lenet_reason = None
+        self._lock = threading.Lock()
+
+    @property
+    def graph_count(self):
+        """CUDA graphs captured so far (bucket plans, and the fused LeNet-5 predictor's)."""
+        own = sum(r.bound.graph is not None for r in self._runners.values())
+        return own + (self._lenet.graph_count if self._lenet is not None else 0)
 
     def _fresh(self):
-        sig = signature(self.model)
-        if self._sig is None or not _same(sig, self._sig):
-            self._runners, self._lenet, self._sig = {}, None, sig
+        if self._sig is None or not self._sig.fresh():
+            self._runners, self._lenet, self._sig = {}, None, None
+            trace(self.model, self.input_shape, 1)        # Unsupported if a layer changed into one it can't take
+            self._sig = signature(self.model)
             self._plan_lenet()
+
+    def unsupported_reason(self):
+        """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
+        try:
+            with self._lock:
+                self._fresh()
+        except Unsupported as e:
+            return str(e)
+        return None
 
     def _plan_lenet(self):
         if self.preprocess is None or not self.fused or not self.softmax:
@@ -422,23 +518,19 @@ class CompiledInference:
         runner = self._runners.get(bucket)
         if runner is None:
             plan, _ = _build_plan(self.model, self.input_shape, bucket, False, self.options, softmax=self.softmax)
-            given = {p: self._param(p) for p, b in plan.buffers.items() if b.role == "param"}
-            runner = _Runner(plan, given, self.cuda_graph)
+            runner = _Runner(plan, module_buffers(self.model, plan), self.cuda_graph)
             self._runners[bucket] = runner
         return bucket, runner
 
-    def _param(self, name):
-        module_path, attr = name.rsplit(".", 1)
-        m = self.model
-        for part in module_path.split("."):
-            m = m._modules[part]
-        return m._parameters[attr].data
-
     def __call__(self, x):
         """Outputs for ``x`` (numpy in -> numpy out, DeviceArray in -> DeviceArray out)."""
+        with self._lock:            # the plans' buffers and graphs are shared by the calls
+            return self._call(x)
+
+    def _call(self, x):
         self._fresh()
-        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim == 3:
-            return self._lenet(x)
+        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim in (3, 4):
+            return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
         if self.preprocess is not None and isinstance(x, np.ndarray):
             x = self._preprocess(x)
         device_in = isinstance(x, _C.DeviceArray)

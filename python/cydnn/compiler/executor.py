@@ -66,6 +66,15 @@ DISPATCH = {
     "avg_pool_backward": lambda b, s: (_C.avg_pool_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
                                                               b[s.writes[0]]) + _pool_args(s)),
     "mul": lambda b, s: (_C.mul, (b[s.reads[0]], b[s.reads[1]], b[s.writes[0]])),
+    "batch_norm_forward": lambda b, s: (_C.batch_norm_forward, (
+        b[s.reads[0]], b[s.reads[1]], b[s.reads[2]], b[s.reads[3]], b[s.reads[4]], s.args["training"],
+        s.args["momentum"], s.args["eps"], b[s.writes[0]], b.get(s.args["saved"][0]), b.get(s.args["saved"][1]))),
+    "batch_norm_backward": lambda b, s: (_C.batch_norm_backward, (
+        b[s.reads[0]], b[s.reads[1]], b[s.reads[2]], b[s.args["saved"][0]], b[s.args["saved"][1]], True,
+        s.args["eps"], b[s.args["dx"]], b[s.args["grads"][0]], b[s.args["grads"][1]])),
+    "fold_batch_norm": lambda b, s: (_C.fold_batch_norm, (
+        b[s.reads[0]], b.get(s.args["bias"]), *(b[n] for n in s.args["stats"]), s.args["eps"],
+        b[s.writes[0]], b[s.writes[1]])),
     "flat_update": lambda b, s: (b["__update__"].enqueue, ()),
     "step_bookkeeping": lambda b, s: (_C.step_bookkeeping, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
                                                             b["counters"])),
@@ -102,7 +111,7 @@ class Bound:
                 continue
             if buf.role in ARENA_ROLES:
                 arrays[name] = _C.view(self.arena, buf.offset // 4, buf.shape)
-            elif buf.role in ("input", "label") or (buf.role == "act" and buf.offset is None):
+            elif buf.role in ("input", "label", "output"):
                 arrays[name] = _C.empty(buf.shape, buf.dtype)
             else:
                 raise ValueError(f"compiler: buffer {name!r} ({buf.role}) was not given")

@@ -16,8 +16,9 @@ import numpy as np
 __all__ = ["Node", "Buffer", "Step", "Plan", "nbytes"]
 
 #: Roles of buffers.  "act"/"grad"/"scratch" live in the arena (offsets from the memory
-#: pass); "param", "param_grad", "state" are flat buffers owned by the step; "input"
-#: and "label" are where a call's data is copied; "control" holds counters and the lr table.
+#: pass); "param", "param_grad" are the step's flat buffers (or the model's arrays); "input"
+#: and "label" are where a call's data is copied, "output" where a result is read (the loss);
+#: "control" holds the counters and the learning-rate table (shared by a step's plans).
 ARENA_ROLES = ("act", "grad", "scratch")
 
 

@@ -26,20 +26,27 @@ FUSE_AFTER = ("conv2d", "linear")
 ALIGN = 256
 
 
-def fuse(nodes, enabled=True, log=None):
-    """Group the nodes: each group is ``{"node", "act"}`` where ``act`` is a fused activation node."""
+def fuse(nodes, enabled=True, log=None, training=True):
+    """Group the nodes: each group is ``{"node", "act", "bn"}``: ``act`` a fused activation node, ``bn`` (inference
+    only) a batch norm folded into the convolution or linear layer before it."""
     groups, i = [], 0
+    log = [] if log is None else log
     while i < len(nodes):
         node = nodes[i]
-        nxt = nodes[i + 1] if i + 1 < len(nodes) else None
-        if enabled and node.op in FUSE_AFTER and nxt is not None and nxt.op in ACTIVATIONS:
-            groups.append({"node": node, "act": nxt})
-            if log is not None:
-                log.append(f"fuse: {node.name} ({node.op}) + {nxt.name} ({nxt.op}) -> bias_act epilogue")
-            i += 2
-        else:
-            groups.append({"node": node, "act": None})
+        group = {"node": node, "act": None, "bn": None}
+        i += 1
+        nxt = nodes[i] if i < len(nodes) else None
+        if enabled and not training and node.op in FUSE_AFTER and nxt is not None and nxt.op == "batch_norm":
+            group["bn"] = nxt
+            log.append(f"fold: {nxt.name} (batch_norm, running statistics) into {node.name} ({node.op})")
             i += 1
+            nxt = nodes[i] if i < len(nodes) else None
+        if enabled and node.op in FUSE_AFTER + ("batch_norm",) and nxt is not None and nxt.op in ACTIVATIONS:
+            group["act"] = nxt
+            log.append(f"fuse: {node.name} ({node.op}) + {nxt.name} ({nxt.op}) -> "
+                       + ("bias_act epilogue" if node.op in FUSE_AFTER else "activation in place"))
+            i += 1
+        groups.append(group)
     return groups
 
 

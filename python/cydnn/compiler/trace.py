@@ -58,6 +58,23 @@ def _same(name, m, shape):
     return shape, {}
 
 
+def _batch_norm(name, m, shape):
+    if len(shape) not in m._ranks or shape[1] != m.num_features:
+        raise Unsupported(f"layer {name}: {type(m).__name__}({m.num_features}) cannot take input {shape}")
+    if not (m.affine and m.track_running_stats):
+        raise Unsupported(f"layer {name}: the compiler takes batch norm with affine=True and "
+                          f"track_running_stats=True")
+    if m.momentum is None:
+        raise Unsupported(f"layer {name}: momentum=None (a cumulative average) needs the host's batch count "
+                          f"every step; the compiler takes a fixed momentum")
+    return shape, {"eps": float(m.eps), "momentum": float(m.momentum)}
+
+
+def _global_avg_pool(name, m, shape):
+    return (shape[0], shape[1], 1, 1), {"kernel": (shape[2], shape[3]), "stride": (shape[2], shape[3]),
+                                        "padding": (0, 0)}
+
+
 def _flatten(name, m, shape):
     return (shape[0], int(np.prod(shape[1:], dtype=np.int64))), {}
 
@@ -82,7 +99,17 @@ SUPPORTED = {
     "AvgPool2d": ("avg_pool", _needs_4d(lambda n, m, s: _pool(n, m, s, "avg_pool_forward"))),
     "Flatten": ("flatten", _flatten),
     "Dropout": ("dropout", _same),
+    "LeakyReLU": ("leaky_relu", _same),
+    "BatchNorm2d": ("batch_norm", _batch_norm),
+    "BatchNorm1d": ("batch_norm", _batch_norm),
+    "AdaptiveAvgPool2d": ("global_avg_pool", _needs_4d(_global_avg_pool)),
+    "GlobalAvgPool2d": ("global_avg_pool", _needs_4d(_global_avg_pool)),
 }
+
+
+def slope(module):
+    """A LeakyReLU's negative slope (0 for every other layer)."""
+    return float(getattr(module, "_kwargs", {}).get("negative_slope", 0.0))
 
 
 def _leaves(module, prefix=""):

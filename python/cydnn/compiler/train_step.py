@@ -22,12 +22,12 @@ import numpy as np
 
 from .. import _C, optim
 from .executor import Bound
+from .lower import LR_TABLE
 
 __all__ = ["FlatState", "optimizer_reason"]
 
 log = logging.getLogger("cydnn.compiler")
 
-LR_TABLE = 1 << 17          # steps of one epoch's schedule the table holds (wraps around after)
 
 
 def optimizer_reason(optimizer, params):
@@ -134,9 +134,12 @@ class FlatState:
             self.lr.set_(np.full(LR_TABLE, lr, np.float32))
             self._lr_host = lr
 
-    def set_schedule(self, lrs):
-        table = np.full(LR_TABLE, lrs[-1] if len(lrs) else self.optimizer.lr, np.float32)
-        table[:min(len(lrs), LR_TABLE)] = lrs[:LR_TABLE]
+    def set_schedule(self, lrs, first=0):
+        """Steps first .. first + LR_TABLE - 1 of an epoch's schedule ``lrs``, at positions j % LR_TABLE
+        (``first`` a multiple of LR_TABLE; the upload is queued after the steps before it)."""
+        chunk = np.asarray(lrs[first:first + LR_TABLE], np.float32)
+        table = np.full(LR_TABLE, chunk[-1] if len(chunk) else self.optimizer.lr, np.float32)
+        table[:len(chunk)] = chunk
         self.lr.set_(table)
         self._lr_host = None
 

@@ -24,7 +24,9 @@ F32 = (np.float32,)
 __all__ = [
     "asarray", "to_numpy", "empty", "zeros", "zeros_like",
     "conv_forward", "conv_backward", "max_pool_forward", "max_pool_backward",
-    "avg_pool_forward", "avg_pool_backward", "relu_forward", "relu_backward",
+    "avg_pool_forward", "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward",
+    "relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward",
+    "batch_norm_forward", "batch_norm_backward",
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy", "flatten",
@@ -145,6 +147,22 @@ def avg_pool_backward(dy, cache):
     return _pool_backward("avg_pool_backward", _C.avg_pool_backward, dy, cache)
 
 
+def global_avg_pool_forward(x):
+    """y (n, c, 1, 1) = the mean of each (h, w) plane: cuDNN average pooling with the whole plane as its window.
+
+    cuDNN rather than a kernel of our own: the pooling plans (descriptors per shape) and the
+    C path are already there and tested, and a full-plane window is an ordinary geometry for it.
+    The cache is the pooling's (x, y and the geometry), which cuDNN's backward reads.
+    """
+    _, _, h, w = _check.check_global_avg_pool(x, F32)
+    return _pool_forward("global_avg_pool_forward", _C.avg_pool_forward, x, (h, w), (h, w), 0)
+
+
+def global_avg_pool_backward(dy, cache):
+    """dx: dy / (h w) over the whole plane; cuDNN average-pooling backward."""
+    return _pool_backward("global_avg_pool_backward", _C.avg_pool_backward, dy, cache)
+
+
 # ------------------------------------------------------------- activations
 def _activation_forward(op, kernel, x):
     _check.check_elementwise(op, x, F32)
@@ -172,6 +190,27 @@ def relu_forward(x):
 def relu_backward(dy, cache):
     """dx = dy where y > 0, else 0."""
     return _activation_backward("relu_backward", _C.relu_backward, dy, cache)
+
+
+def leaky_relu_forward(x, negative_slope=0.01):
+    """y = x if x > 0 else negative_slope * x; a custom kernel.  The cache is (x, negative_slope)."""
+    slope = _check.check_leaky_relu(x, negative_slope, F32)
+    host = _on_host(x)
+    x = _dev(x)
+    y = _C.empty(x.shape)
+    _C.leaky_relu_forward(x, y, slope)
+    return _ret(host, y), (x, slope)
+
+
+def leaky_relu_backward(dy, cache):
+    """dx = dy if x > 0 else negative_slope * dy (the slope from the cache)."""
+    x, slope = cache
+    _check.check_same_shape("leaky_relu_backward", "dy", dy, "x", x.shape, np.float32)
+    host = _on_host(dy)
+    dy = _dev(dy)
+    dx = _C.empty(x.shape)
+    _C.leaky_relu_backward(x, dy, dx, slope)
+    return _ret(host, dx)
 
 
 def tanh_forward(x):
@@ -213,6 +252,49 @@ def dropout_backward(dy, cache):
     dx = _C.empty(mask.shape)
     _C.mul(dy, mask, dx)
     return _ret(host, dx)
+
+
+# ----------------------------------------------------- batch normalization
+def batch_norm_forward(x, gamma, beta, running_mean, running_var, training, momentum=0.1, eps=1e-5):
+    """(y, cache): cuDNN batch normalization, mode SPATIAL, on x seen as (n, c, h, w) ((n, c) as
+    (n, c, 1, 1), (n, c, l) as (n, c, l, 1)); the maths and arguments as the twin's.
+
+    Training: cudnnBatchNormalizationForwardTraining with exponentialAverageFactor = momentum
+    updates the running statistics in place (the unbiased variance into running_var; numpy
+    running statistics get their new values back).  Evaluation: ...ForwardInference.  Without
+    gamma/beta, cuDNN gets ones and zeros.  The cache holds x, gamma, the statistics used (mu and
+    1 / sqrt(var + eps)), the mode and eps.
+    """
+    c, _, momentum, eps = _check.check_batch_norm(x, gamma, beta, running_mean, running_var, training, momentum,
+                                                  eps, F32)
+    host = _on_host(x)
+    x = _dev(x)
+    affine = gamma is not None
+    g = _dev(gamma) if affine else _C.to_device(np.ones(c, np.float32))
+    b = _dev(beta) if affine else _C.zeros((c,))
+    rm, rv = _opt(running_mean), _opt(running_var)
+    y, save_mean, save_inv_std = _C.empty(x.shape), _C.empty((c,)), _C.empty((c,))
+    _C.batch_norm_forward(x, g, b, rm, rv, bool(training), momentum, eps, y, save_mean, save_inv_std)
+    if training:
+        for given, device in ((running_mean, rm), (running_var, rv)):
+            if isinstance(given, np.ndarray):
+                given[...] = device.numpy()
+    return _ret(host, y), (x, g, save_mean, save_inv_std, bool(training), eps, affine)
+
+
+def batch_norm_backward(dy, cache):
+    """(dx, dgamma, dbeta): cudnnBatchNormalizationBackward after a training forward; after an
+    evaluation forward (constant statistics) a custom kernel.  dgamma, dbeta None without gamma."""
+    x, g, save_mean, save_inv_std, training, eps, affine = cache
+    _check.check_same_shape("batch_norm_backward", "dy", dy, "x", x.shape, np.float32)
+    host = _on_host(dy)
+    dy = _dev(dy)
+    c = x.shape[1]
+    dx, dgamma, dbeta = _C.empty(x.shape), _C.empty((c,)), _C.empty((c,))
+    _C.batch_norm_backward(x, dy, g, save_mean, save_inv_std, training, eps, dx, dgamma, dbeta)
+    if not affine:
+        return _ret(host, dx), None, None
+    return _ret(host, dx, dgamma, dbeta)
 
 
 # ------------------------------------------------------------------ linear
@@ -349,6 +431,31 @@ def gather_batch(images, labels, indices, mean, std, pad=0, max_shift=0, seed=0)
     x = _C.empty(out_shape)
     y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
     _C.gather_batch(images, labels, indices, mean, std, int(pad), int(max_shift), seed, x, y)
+    return _ret(host, x, y)
+
+
+def gather_batch_chw(images, labels, indices, mean, std, pad=0, max_shift=0, flip=False, seed=0):
+    """A batch from uint8 images (N, C, H, W) kept on the GPU: gathered, flipped, shifted, padded,
+    normalised per channel (cpp/data.cu); twin and checks: ``ops.cpu.data.gather_batch_chw``.
+
+    Indices as in :func:`gather_batch`: numpy indices are range-checked here, device indices
+    are trusted to come from a checked producer (the kernel still never reads outside).
+    """
+    from cydnn.ops.cpu.data import check_gather_batch_chw
+    out_shape, mean, std, seed = check_gather_batch_chw(images, labels, indices, mean, std, pad, max_shift,
+                                                        flip, seed)
+    host = _on_host(images)
+    if not isinstance(indices, _C.DeviceArray):
+        indices = np.asarray(indices)
+        _check.check_index_values("gather_batch_chw", "indices", indices, images.shape[0], images=images,
+                                  indices=indices)
+        indices = indices.astype(np.int32, copy=False)
+    if labels is not None and not isinstance(labels, _C.DeviceArray):
+        labels = np.asarray(labels).astype(np.int32, copy=False)
+    images, labels, indices = _dev(images), _opt(labels), _dev(indices)
+    x = _C.empty(out_shape)
+    y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
+    _C.gather_batch_chw(images, labels, indices, mean, std, int(pad), int(max_shift), bool(flip), seed, x, y)
     return _ret(host, x, y)
 
 

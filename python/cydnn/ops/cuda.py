@@ -33,7 +33,7 @@ __all__ = [
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy", "flatten",
-    "sgd_update", "adam_update", "gather_batch", "fused_mlp_forward",
+    "sgd_update", "adam_update", "gather_batch", "gather_batch_chw", "fused_mlp_forward",
 ]
 
 

@@ -49,7 +49,7 @@ Speed
 from ..fused_cpu import fused_mlp_forward
 from .arrays import asarray, empty, to_numpy, zeros, zeros_like
 from .conv import conv_backward, conv_forward
-from .data import gather_batch
+from .data import gather_batch, gather_batch_chw
 from .dense import flatten, linear_backward, linear_forward, log_softmax, softmax, softmax_cross_entropy
 from .elementwise import (dropout_backward, dropout_forward, leaky_relu_backward, leaky_relu_forward, relu_backward,
                           relu_forward, sigmoid_backward, sigmoid_forward, splitmix64, tanh_backward, tanh_forward)
@@ -74,6 +74,6 @@ __all__ = [
     "softmax", "log_softmax", "softmax_cross_entropy",
     "flatten",
     "sgd_update", "adam_update",
-    "gather_batch",
+    "gather_batch", "gather_batch_chw",
     "set_kernels", "get_kernels", "kernels_available", "use_kernels",
 ]

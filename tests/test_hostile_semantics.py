@@ -263,3 +263,18 @@ def test_load_onnx_normalize(expected_onnx=os.path.join(FIXTURES, "modern.onnx")
     with pytest.raises(ValueError, match="normalize"):
         cydnn.load_onnx(expected_onnx, lenet=False, normalize=(0.5, 0.5))
     assert type(cydnn.load_onnx(expected_onnx, lenet=False, normalize=None)) is nn.Sequential
+
+
+def test_each_loader_names_what_a_wrong_file_looks_like(tmp_path):
+    """Given another loader's file, each loader says what the file is and which function loads it."""
+    ckpt = models.LeNet5().save(tmp_path / "m.npz")
+    with pytest.raises(cydnn.onnx_import.OnnxImportError, match="load_pytorch_weights"):
+        cydnn.load_onnx(os.path.join(FIXTURES, "modern.safetensors"))
+    (tmp_path / "legacy.pt").write_bytes(b"\x80\x02}q\x00.")         # a protocol-2 pickle
+    with pytest.raises(WeightsError, match="pickle.*never unpickles"):
+        cydnn.load_pytorch_weights(models.LeNet5(), tmp_path / "legacy.pt")
+    with pytest.raises(WeightsError, match="load_onnx"):
+        cydnn.load_pytorch_weights(models.LeNet5(), os.path.join(FIXTURES, "modern.onnx"))
+    with pytest.raises(CheckpointError, match="pickle.*never unpickles"):
+        cydnn.load(tmp_path / "legacy.pt")
+    assert cydnn.load(ckpt).num_classes == 10

@@ -21,9 +21,9 @@ PyTorch reads back with::
     # .txt / .bin: np.loadtxt(f, dtype=np.float32) / np.fromfile(f, "<f4"), then
     # .reshape(torch_model.state_dict()[k].shape) before torch.from_numpy
 
-Nothing is ever unpickled (``np.load(allow_pickle=False)``; a ``torch.save``
-file is refused with a hint).  Values are taken as they are: NaN and inf load
-unchanged (check ``np.isfinite`` yourself if that matters).
+Nothing is ever unpickled (a ``torch.save`` file is refused with a hint);
+files are hostile until checked (bounds: docs/reliability.md).  NaN and inf
+load unchanged (check ``np.isfinite`` yourself if that matters).
 """
 import math
 import os
@@ -33,7 +33,7 @@ import warnings
 
 import numpy as np
 
-from ._filesafe import NpzReader, check_lossless, read_safetensors_header, read_safetensors_tensor
+from ._filesafe import NpzReader, check_lossless, describe, read_safetensors_header, read_safetensors_tensor
 from ._names import check_name, child_path
 
 __all__ = ["WeightsError", "load_pytorch_weights", "export_weights", "FORMATS"]
@@ -177,8 +177,10 @@ def _detect(path):
         return "safetensors"
     if path.endswith(".safetensors"):
         return "safetensors"
+    looks = describe(path)
     raise WeightsError(f"{path}: neither an .npz archive nor a .safetensors file (it starts with {head!r}); "
-                       f"a folder of <name>.txt / <name>.bin files is the third form")
+                       f"a folder of <name>.txt / <name>.bin files is the third form"
+                       + (f"; it looks like {looks}" if looks else ""))
 
 
 # ----------------------------------------------------------------- loading

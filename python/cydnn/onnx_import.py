@@ -48,6 +48,7 @@ import os
 from collections import OrderedDict
 
 from . import models, nn
+from ._filesafe import describe
 from .interop import _KEEP, apply_normalize
 from .onnx_builder import SUPPORTED_OPS, Builder, Softmax
 from .onnx_checks import MAX_ONNX_BYTES, MAX_OPSET, OnnxImportError, check_file, check_graph, check_opset
@@ -143,7 +144,9 @@ def load_onnx(path, device="cpu", lenet=True, normalize=_KEEP):
     except FileNotFoundError:
         raise
     except Exception as e:      # protobuf's DecodeError, onnx's own errors
-        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+        looks = describe(path)
+        looks = f"; it looks like {looks}" if looks and "ONNX" not in looks else ""
+        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e}){looks}") from e
     check_opset(proto, path)
     check_graph(proto.graph, path)
     builder = Builder(onnx, proto.graph, path)

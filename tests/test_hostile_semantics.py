@@ -125,7 +125,7 @@ def test_full_disk_during_export_is_an_oserror_naming_the_path(tmp_path, fmt, mo
     if fmt == "safetensors":
         pytest.importorskip("safetensors")
     target = tmp_path / "w"
-    models.LeNet5(seed=1).export_weights(target, fmt)
+    cydnn.export_weights(models.LeNet5(seed=1), target, fmt)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     real_open = open
 
@@ -151,7 +151,7 @@ def test_full_disk_during_export_is_an_oserror_naming_the_path(tmp_path, fmt, mo
 
     monkeypatch.setattr("builtins.open", full_open)
     with pytest.raises(OSError) as info:
-        models.LeNet5(seed=2).export_weights(target, fmt)
+        cydnn.export_weights(models.LeNet5(seed=2), target, fmt)
     monkeypatch.undo()
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(target), info.value
     assert type(info.value) is OSError                  # not SafetensorError, not a WeightsError
@@ -223,7 +223,7 @@ def test_load_pytorch_weights_normalize(tmp_path):
     path = os.path.join(FIXTURES, "modern.npz")
     model = cydnn.load_pytorch_weights(models.LeNet5(), path, normalize=(0.5, 0.25))
     assert (model.mean, model.std) == (0.5, 0.25)
-    assert serialization.load(model.save(tmp_path / "m.npz")).config()["mean"] == 0.5
+    assert serialization.load(cydnn.save(model, tmp_path / "m.npz")).config()["mean"] == 0.5
     model = cydnn.load_pytorch_weights(models.LeNet5(), path, normalize=None)
     assert (model.mean, model.std) == (0.0, 1.0)
     model = cydnn.load_pytorch_weights(models.LeNet5(), path)
@@ -289,7 +289,7 @@ def test_load_onnx_normalize(expected_onnx=os.path.join(FIXTURES, "modern.onnx")
 
 def test_each_loader_names_what_a_wrong_file_looks_like(tmp_path):
     """Given another loader's file, each loader says what the file is and which function loads it."""
-    ckpt = models.LeNet5().save(tmp_path / "m.npz")
+    ckpt = cydnn.save(models.LeNet5(), tmp_path / "m.npz")
     with pytest.raises(cydnn.onnx_import.OnnxImportError, match="load_pytorch_weights"):
         cydnn.load_onnx(os.path.join(FIXTURES, "modern.safetensors"))
     (tmp_path / "legacy.pt").write_bytes(b"\x80\x02}q\x00.")         # a protocol-2 pickle

@@ -13,8 +13,7 @@ PyTorch side, export one of these forms::
         v.astype("<f4").tofile(f"lenet_bin/{k}.bin")            #   or raw little-endian float32
 
 and load it with ``cydnn.load_pytorch_weights(model, path)``.  The other way,
-``model.export_weights(path, format)`` (for any module:
-``cydnn.export_weights(module, path, format)``) writes the same forms, which
+``cydnn.export_weights(module, path, format)`` (any module) writes the same forms, which
 PyTorch reads back with::
 
     torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in np.load("lenet.npz").items()})

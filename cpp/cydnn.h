@@ -472,6 +472,11 @@ cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u);
 cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
                                      int c, const float *loss, cydnnStepCounters *counters);
 
+/* Convolution (the geometry of cydnn_conv_forward), bias (may be NULL) and activation in one direct
+ * kernel, one thread per output element: for small problems, where cuDNN's kernels are slow. */
+cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                        const float *w, const float *b, float *y, int act, float slope);
+
 /* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
  * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */
 cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,

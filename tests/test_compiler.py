@@ -446,3 +446,22 @@ def test_compiled_step_follows_replaced_parameters(how):
     ref.load_state_dict({k: ops.cuda.to_numpy(v) for k, v in model.state_dict().items()})
     want = _reference_steps(ref, optim.SGD(ref.parameters(), lr=0.0), batches[1:])[0]
     assert float(step(*batches[1])) == pytest.approx(want, rel=1e-5)
+
+
+@gpu
+@pytest.mark.parametrize("variant", ["library", "direct"])
+@pytest.mark.parametrize("name", ["lenet_widths", "cnn32", "allconv", "cnn_bn"])
+@pytest.mark.parametrize("n", [1, 64])
+def test_both_ways_of_a_convolution_with_bias_and_activation_match_the_reference(monkeypatch, variant, name, n):
+    """The executor picks, by timing, cuDNN + the epilogue kernel or the direct kernel: each, forced, gives the
+    reference forward (stride 1 and 2, padding 0 and 1, 3x3 and 5x5, relu / sigmoid / leaky, folded norm)."""
+    monkeypatch.setenv("CYDNN_CONV", variant)
+    make, shape = ZOO[name]
+    model = make().to("cuda").eval()
+    x = np.random.default_rng(4).standard_normal((n,) + shape).astype(np.float32)
+    want = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
+    infer = cydnn.compile(model, input_shape=shape)
+    np.testing.assert_allclose(infer(x), want, rtol=1e-4, atol=1e-4)
+    kernels = [k for step in infer._runners[1 if n == 1 else 64].plan.steps if step.kind == "conv_bias_act"
+               for k in step.kernels]
+    assert kernels and all(k == "direct_conv_kernel" for k in kernels) == (variant == "direct")

@@ -273,3 +273,5 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
                                         const float *beta, const float *mean, const float *var, float eps, int out,
                                         size_t per_out, float *w_out, float *b_out)
+    cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                            const float *w, const float *b, float *y, int act, float slope)

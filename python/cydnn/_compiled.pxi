@@ -78,3 +78,11 @@ def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not
     check(cydnn_fold_batch_norm(ctx(), f32(w, "w"), f32_or_null(b, "b"), f32(gamma, "gamma"), f32(beta, "beta"),
                                 f32(mean, "mean"), f32(var, "var"), eps, out, w.size // out, f32(w_out, "w_out"),
                                 f32(b_out, "b_out")), "fold_batch_norm")
+
+
+def direct_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None,
+                        tuple stride, tuple padding, int act, float slope=0.0):
+    """y = act(conv(x, w) + b) in one direct kernel (cydnn_direct_conv_forward)."""
+    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
+    check(cydnn_direct_conv_forward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"), act,
+                                    slope), "direct_conv_forward")

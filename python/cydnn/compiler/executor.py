@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import _C
 from .ir import ARENA_ROLES
+from .lower import CONV_BIAS_ACT, CONV_DIRECT
 
 __all__ = ["Bound", "DISPATCH"]
 
@@ -39,10 +40,47 @@ def _dropout(b, s):
                              s.args["seed"], b["counters"])
 
 
+#: launches per variant when the executor times the two ways of a convolution with bias and activation
+TUNE_CALLS = 10
+
+
+def _conv_bias_act(b, s):
+    """The faster, on these buffers, of cuDNN's convolution + the epilogue kernel and the direct kernel."""
+    x, w, y = b[s.reads[0]], b[s.reads[1]], b[s.writes[0]]
+    bias, act, slope = b.get(s.args["bias"]), s.args["act"], s.args["slope"]
+    n, c = y.shape[0], y.shape[1]
+    inner = _inner(y)
+
+    def library():
+        _C.conv_forward(x, w, None, y, s.args["stride"], s.args["padding"])
+        _C.bias_act_forward(y, bias, y, n, c, inner, act, slope)
+
+    def direct():
+        _C.direct_conv_forward(x, w, bias, y, s.args["stride"], s.args["padding"], act, slope)
+
+    if os.environ.get("CYDNN_CONV") in ("library", "direct"):       # a switch for tests and debugging
+        chosen = library if os.environ["CYDNN_CONV"] == "library" else direct
+    else:
+        times = {}
+        for fn in (library, direct, library, direct):                # warm-up (algorithm search), then timed
+            fn()
+            _C.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(TUNE_CALLS):
+                fn()
+            _C.synchronize()
+            times[fn] = time.perf_counter() - t0
+        chosen = min(times, key=times.get)
+        s.args["timed_us"] = {f.__name__: round(1e6 * t / TUNE_CALLS, 1) for f, t in times.items()}
+    s.kernels = CONV_DIRECT if chosen is direct else CONV_BIAS_ACT
+    return chosen, ()
+
+
 #: step kind -> function(bound arrays, step) -> (library function, its arguments)
 DISPATCH = {
     "conv_forward": lambda b, s: (_C.conv_forward, (b[s.reads[0]], b[s.reads[1]], None, b[s.writes[0]],
                                                     s.args["stride"], s.args["padding"])),
+    "conv_bias_act": _conv_bias_act,
     "linear_forward": lambda b, s: (_C.linear_forward, (b[s.reads[0]], b[s.reads[1]], None, b[s.writes[0]])),
     "bias_act_forward": lambda b, s: (_C.bias_act_forward, (
         b[s.reads[0]], b[s.reads[1]] if len(s.reads) > 1 else None, b[s.writes[0]],

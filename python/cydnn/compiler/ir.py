@@ -68,7 +68,9 @@ class Step:
     def __str__(self):
         r = ", ".join(self.reads)
         w = ", ".join(self.writes)
-        return f"{self.name:<26} {self.kind:<18} [{' + '.join(self.kernels)}]  {r} -> {w}"
+        timed = self.args.get("timed_us")
+        chosen = f"  (timed, us: {timed})" if timed else ""
+        return f"{self.name:<26} {self.kind:<18} [{' + '.join(self.kernels)}]  {r} -> {w}{chosen}"
 
 
 @dataclass

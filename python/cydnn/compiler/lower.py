@@ -16,6 +16,10 @@ from .trace import slope as _slope
 __all__ = ["lower_inference", "lower_training", "param_names"]
 
 _CONV_FWD = "cudnnConvolutionForward"
+#: A convolution with its bias and activation: cuDNN then the epilogue kernel, or one direct kernel; the
+#: executor times both on the plan's buffers and keeps the faster (``Step.kernels`` then says which).
+CONV_BIAS_ACT = (_CONV_FWD, "bias_act_forward_kernel")
+CONV_DIRECT = ("direct_conv_kernel",)
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
 _GEMM = "cublasSgemm"
 
@@ -73,6 +77,12 @@ def _forward(plan, i, group, src, dst, training):
     plan.buffer(dst, node.out_shape)
     if op in ("conv2d", "linear") and group.get("bn") is not None:
         _folded_forward(plan, i, group, src, dst)
+    elif op == "conv2d" and (bias or act):
+        w = f"{name}.weight"
+        what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
+        plan.add("conv_bias_act", f"{name} forward + {what}", (src, w) + ((bias,) if bias else ()), (dst,),
+                 CONV_BIAS_ACT, stride=node.attrs["stride"], padding=node.attrs["padding"], bias=bias, act=act,
+                 slope=slope)
     elif op in ("conv2d", "linear"):
         w = f"{name}.weight"
         if op == "conv2d":
@@ -123,12 +133,12 @@ def _folded_forward(plan, i, group, src, dst):
     stats = tuple(f"{bn.name}.{k}" for k in ("weight", "bias", "running_mean", "running_var"))
     plan.add("fold_batch_norm", f"{bn.name} folded into {node.name}", (w,) + ((bias,) if bias else ()) + stats,
              (wf, bf), ("fold_batch_norm_kernel",), bias=bias, stats=stats, eps=bn.attrs["eps"])
-    if node.op == "conv2d":
-        plan.add("conv_forward", f"{node.name} forward", (src, wf), (dst,), (_CONV_FWD,),
-                 stride=node.attrs["stride"], padding=node.attrs["padding"])
-    else:
-        plan.add("linear_forward", f"{node.name} forward", (src, wf), (dst,), (_GEMM,))
     what = "folded bias" + (f" + {group['act'].op}" if act else "")
+    if node.op == "conv2d":
+        plan.add("conv_bias_act", f"{node.name} forward + {what}", (src, wf, bf), (dst,), CONV_BIAS_ACT,
+                 stride=node.attrs["stride"], padding=node.attrs["padding"], bias=bf, act=act, slope=slope)
+        return
+    plan.add("linear_forward", f"{node.name} forward", (src, wf), (dst,), (_GEMM,))
     plan.add("bias_act_forward", f"{node.name} {what}", (dst, bf), (dst,), ("bias_act_forward_kernel",),
              act=act, slope=slope)
 

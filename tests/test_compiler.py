@@ -411,7 +411,7 @@ def test_compiled_step_refuses_bad_batches_before_any_gpu_work():
                  ((x.astype(np.float64), y), TypeError, "must be float32"),
                  ((x, y[:7]), ValueError, r"y must be 8 integer labels"),
                  ((x, y + 10), ValueError, r"labels must be in \[0, 10\), got \[10, 10\]"),
-                 ((x.reshape(8, 1, 14, 56), y), ValueError, r"cannot take input|Linear"),
+                 ((np.zeros((8, 1, 20, 20), np.float32), y), ValueError, r"Linear\(784, 128\) cannot take input"),
                  (([1, 2], y), TypeError, "numpy array or DeviceArray")]
         for args, error, match in cases:
             with pytest.raises(error, match=match):

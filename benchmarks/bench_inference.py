@@ -135,7 +135,8 @@ def main(argv=None):
         "cydnn reference TF32": lambda x: model.predict(x, precision="tf32"),
         "cydnn reference FP16": lambda x: model.predict(x, precision="fp16"),
     }
-    nograph = cydnn.fast.FastPredictor(model, use_graphs=False)
+    nograph = cydnn.compile(model, input_shape=model.network_input_shape(), softmax=True, cuda_graph=False,
+                            preprocess=(model.mean, model.std, model.input_pad))
     paths["cydnn fast (no graph)"] = lambda x: nograph(model._check_images(x))
     result = {"date": time.strftime("%Y-%m-%d"), "gpu": cydnn.cuda.get_device_name(),
               "command": "python3 " + " ".join(sys.argv), "paths": {}}

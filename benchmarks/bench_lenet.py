@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import cydnn  # noqa: E402
-from cydnn import _C, datasets, fast, models, ops, optim  # noqa: E402
+from cydnn import _C, datasets, models, ops, optim  # noqa: E402
 
 LR, MOMENTUM, WD = 0.03, 0.9, 5e-4
 
@@ -68,7 +68,7 @@ def cydnn_forward(data, iters=50):
     model = models.LeNet5(seed=0).to("cuda")
     images = ops.cuda.asarray(data[2][:10000])
     out = ops.cuda.empty((10000, 10))
-    params = fast.support.lenet_params(model)
+    params = tuple(p.data for p in model.parameters())
     res = {}
     for name in ("fused", "reference"):
         if name == "reference":

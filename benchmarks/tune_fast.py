@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import cydnn
-from cydnn import _C, datasets, fast, models, ops, optim
+from cydnn import _C, datasets, models, ops, optim
 
 
 def main():
@@ -40,7 +40,7 @@ def main():
         times = [step.train_epoch(loader)["seconds"] for _ in range(4)][1:]
         out[f"epoch_b{batch}_s"] = statistics.median(times)
     model = models.LeNet5(seed=0).to("cuda")
-    params = fast.support.lenet_params(model)
+    params = tuple(p.data for p in model.parameters())
     images = ops.cuda.asarray(te.images)
     logits = ops.cuda.empty((10000, 10))
     for n in ((10000,) if not args.profile else (10000, 1)):
@@ -68,10 +68,11 @@ def main():
     # the C call alone (pinned copy, graph launch, wait, copy out).
     fp = model.fast_predictor()
     checked = model._check_images(one)
-    params = tuple(p.data for p in fp._params)
+    lenet = fp._lenet                      # the LeNet-5 backend the planner picked
+    params = tuple(p.data for p in lenet.params)
     probs = np.empty((1, 10), np.float32)
     for name, fn in (("predict", lambda: model.predict(one)), ("fast_predictor_call", lambda: fp(checked)),
-                     ("c_run", lambda: fp._p.run(params, checked, probs))):
+                     ("c_run", lambda: lenet._p.run(params, checked[:, 0], probs))):
         for _ in range(200):
             fn()
         lat = []

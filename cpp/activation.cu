@@ -1,6 +1,7 @@
 // activation.cu -- elementwise activations, dropout and the elementwise product.
 //
 //   relu:    y = max(x, 0)               dx = dy * (y > 0)        custom kernels
+//   leaky:   y = x > 0 ? x : a x         dx = x > 0 ? dy : a dy   custom kernels (from x)
 //   tanh:    y = tanh(x)                 dx = dy * (1 - y^2)      cuDNN
 //   sigmoid: y = 1 / (1 + exp(-x))       dx = dy * y * (1 - y)    cuDNN
 //   dropout: mask = kept ? scale : 0,  y = x * mask               custom kernel
@@ -80,6 +81,41 @@ __global__ void relu_backward_kernel(const float *y, const float *dy, float *dx,
         dx4[i] = r;
     }
     for (size_t i = 4 * nvec + tid; i < count; i += stride) dx[i] = dy[i] * relu_mask(y[i]);
+}
+
+// Leaky ReLU with slope a, as PyTorch (and np.where(x > 0, x, a * x)): a NaN x gives
+// a * NaN = NaN.  The backward reads the forward's input x: dx = x > 0 ? dy : a * dy.
+// Same thread mapping as relu_forward_kernel.
+__device__ __forceinline__ float leaky(float v, float a) { return v > 0.0f ? v : a * v; }
+__device__ __forceinline__ float leaky_grad(float v, float g, float a) { return v > 0.0f ? g : a * g; }
+
+__global__ void leaky_relu_forward_kernel(const float *x, float *y, size_t count, size_t nvec,
+                                          float a) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    float4 *y4 = reinterpret_cast<float4 *>(y);
+    for (size_t i = tid; i < nvec; i += stride) {
+        const float4 v = x4[i];
+        y4[i] = make_float4(leaky(v.x, a), leaky(v.y, a), leaky(v.z, a), leaky(v.w, a));
+    }
+    for (size_t i = 4 * nvec + tid; i < count; i += stride) y[i] = leaky(x[i], a);
+}
+
+__global__ void leaky_relu_backward_kernel(const float *x, const float *dy, float *dx, size_t count,
+                                           size_t nvec, float a) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    const float4 *dy4 = reinterpret_cast<const float4 *>(dy);
+    float4 *dx4 = reinterpret_cast<float4 *>(dx);
+    for (size_t i = tid; i < nvec; i += stride) {
+        const float4 v = x4[i];
+        const float4 g = dy4[i];
+        dx4[i] = make_float4(leaky_grad(v.x, g.x, a), leaky_grad(v.y, g.y, a), leaky_grad(v.z, g.z, a),
+                             leaky_grad(v.w, g.w, a));
+    }
+    for (size_t i = 4 * nvec + tid; i < count; i += stride) dx[i] = leaky_grad(x[i], dy[i], a);
 }
 
 // out[i] = a[i] * b[i].  Same thread mapping as relu_forward_kernel.
@@ -203,6 +239,35 @@ cydnnStatus_t cydnn_relu_backward(cydnnContext *ctx, const float *y, const float
     relu_backward_kernel<<<cydnn::blocks_for(work_items(count, nvec)), cydnn::kThreads, 0,
                            ctx->stream>>>(y, dy, dx, count, nvec);
     CYDNN_LAUNCH_CHECK("relu_backward", "relu_backward_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// ------------------------------------------------------------ leaky relu
+
+cydnnStatus_t cydnn_leaky_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count,
+                                       float negative_slope) {
+    CYDNN_REQUIRE_CTX("leaky_relu_forward", ctx);
+    CYDNN_REQUIRE("leaky_relu_forward", x != nullptr, "x is NULL");
+    CYDNN_REQUIRE("leaky_relu_forward", y != nullptr, "y is NULL");
+    CYDNN_REQUIRE("leaky_relu_forward", count >= 1, "count must be >= 1");
+    const size_t nvec = vector_count(count, aligned16(x, y));
+    leaky_relu_forward_kernel<<<cydnn::blocks_for(work_items(count, nvec)), cydnn::kThreads, 0,
+                                ctx->stream>>>(x, y, count, nvec, negative_slope);
+    CYDNN_LAUNCH_CHECK("leaky_relu_forward", "leaky_relu_forward_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_leaky_relu_backward(cydnnContext *ctx, const float *x, const float *dy, float *dx,
+                                        size_t count, float negative_slope) {
+    CYDNN_REQUIRE_CTX("leaky_relu_backward", ctx);
+    CYDNN_REQUIRE("leaky_relu_backward", x != nullptr, "x is NULL");
+    CYDNN_REQUIRE("leaky_relu_backward", dy != nullptr, "dy is NULL");
+    CYDNN_REQUIRE("leaky_relu_backward", dx != nullptr, "dx is NULL");
+    CYDNN_REQUIRE("leaky_relu_backward", count >= 1, "count must be >= 1");
+    const size_t nvec = vector_count(count, aligned16(x, dy, dx));
+    leaky_relu_backward_kernel<<<cydnn::blocks_for(work_items(count, nvec)), cydnn::kThreads, 0,
+                                 ctx->stream>>>(x, dy, dx, count, nvec, negative_slope);
+    CYDNN_LAUNCH_CHECK("leaky_relu_backward", "leaky_relu_backward_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -50,6 +51,21 @@ struct cydnnContext {
     void *staging = nullptr;
     size_t staging_size = 0;
     cudaEvent_t staging_free = nullptr;
+
+    // CUDA-graph capture safety (fastpath.cu's cydnn_graph_begin/_end).  A
+    // captured graph keeps the device addresses it was recorded with, so:
+    //  - pool blocks freed while a capture is under way (an op's temporaries,
+    //    arrays Python drops) are kept for the graph, not handed out again
+    //    (capture_keep moves into the graph; its destruction frees them);
+    //  - a workspace a graph may use is never given back when it must grow:
+    //    it is retired (kept for the life of the context) instead;
+    //  - cuBLAS gets a workspace of ours before the first capture, so it never
+    //    allocates one inside a graph.
+    int capturing = 0;
+    std::vector<void *> capture_keep;
+    bool workspace_captured = false;
+    std::vector<void *> retired_workspaces;
+    void *cublas_workspace = nullptr;
 
     // Plans built once per shape, keyed by a readable string, e.g.
     // "conv:n=64,c=1,h=28,w=28,k=6,...".

@@ -283,18 +283,35 @@ cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const c
                     op, bytes, ctx->workspace_limit);
     if (bytes > ctx->workspace_size) {
         // The old block goes back to the pool; stream order keeps it safe for
-        // kernels still queued that use it.
-        if (ctx->workspace) CYDNN_TRY(ctx->pool->release(ctx->workspace));
+        // kernels still queued that use it.  Unless a captured graph may use it:
+        // then it is retired (kept), since a replay would write into it later.
+        if (ctx->workspace) {
+            if (ctx->workspace_captured || ctx->capturing)
+                ctx->retired_workspaces.push_back(ctx->workspace);
+            else
+                CYDNN_TRY(ctx->pool->release(ctx->workspace));
+        }
         ctx->workspace = nullptr;
         ctx->workspace_size = 0;
         CYDNN_TRY(ctx->pool->allocate(bytes, &ctx->workspace));
         ctx->workspace_size = bytes;
+        ctx->workspace_captured = ctx->capturing != 0;
     }
     *ptr = ctx->workspace;
     return CYDNN_STATUS_SUCCESS;
 }
 
 cydnnStatus_t pool_alloc(cydnnContext *ctx, size_t bytes, void **ptr) { return ctx->pool->allocate(bytes, ptr); }
-cydnnStatus_t pool_free(cydnnContext *ctx, void *ptr) { return ctx->pool->release(ptr); }
+cydnnStatus_t pool_free(cydnnContext *ctx, void *ptr) {
+    if (ptr != nullptr && ctx->capturing) {   // the graph being captured may use it: keep it
+        try {
+            ctx->capture_keep.push_back(ptr);
+            return CYDNN_STATUS_SUCCESS;
+        } catch (const std::bad_alloc &) {
+            return fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "free: host allocation failed");
+        }
+    }
+    return ctx->pool->release(ptr);
+}
 
 }  // namespace cydnn

@@ -191,6 +191,13 @@ cydnnStatus_t cydnn_avg_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry
  * forward's output y: relu' = (y > 0), tanh' = 1 - y^2, sigmoid' = y (1 - y). */
 cydnnStatus_t cydnn_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
 cydnnStatus_t cydnn_relu_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count);
+/* Leaky ReLU (custom kernels, float4 loads when aligned), as PyTorch: y = x > 0 ? x : a * x;
+ * its backward takes the forward's INPUT x (the slope a may be 0 or negative, so y does not
+ * tell the sign of x): dx = x > 0 ? dy : a * dy. */
+cydnnStatus_t cydnn_leaky_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count,
+                                       float negative_slope);
+cydnnStatus_t cydnn_leaky_relu_backward(cydnnContext *ctx, const float *x, const float *dy, float *dx,
+                                        size_t count, float negative_slope);
 cydnnStatus_t cydnn_tanh_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
 cydnnStatus_t cydnn_tanh_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count);
 cydnnStatus_t cydnn_sigmoid_forward(cydnnContext *ctx, const float *x, float *y, size_t count);
@@ -202,6 +209,41 @@ cydnnStatus_t cydnn_dropout_forward(cydnnContext *ctx, const float *x, float *y,
                                     size_t count, uint32_t threshold, float scale, uint64_t seed);
 /* dx = dy * mask (also the generic elementwise product). */
 cydnnStatus_t cydnn_mul(cydnnContext *ctx, const float *a, const float *b, float *out, size_t count);
+
+/* ---------------------------------------------------- batch normalization */
+/* PyTorch's BatchNorm1d/2d (batchnorm.cu).  x, y, dy, dx (n, c, h, w), float32 NCHW; a 2-D
+ * input (n, c) is passed as (n, c, 1, 1), a 3-D one (n, c, l) as (n, c, l, 1).  Every other
+ * array is one float per channel (c).  Channel k's statistics are over its count = n*h*w
+ * values: mu = mean, var = biased variance (divided by count).
+ *   y = gamma (x - mu) / sqrt(var + eps) + beta
+ * Training (cuDNN forward training, mode SPATIAL; needs count > 1): mu, var of the batch;
+ * save_mean = mu, save_inv_std = 1 / sqrt(var + eps) (for the backward); when the running
+ * statistics are given (both, or both NULL) they are updated in place, with f = factor:
+ *   running_mean = (1 - f) running_mean + f mu
+ *   running_var  = (1 - f) running_var  + f var * count / (count - 1)    (unbiased)
+ * (PyTorch's momentum rule with f = momentum; f = 1 / num_batches_tracked for its cumulative
+ * average).  Inference (cuDNN forward inference): mu = running_mean, var = running_var;
+ * save_mean / save_inv_std (both or neither) receive them for a backward.  eps >= 0. */
+cydnnStatus_t cydnn_batch_norm_forward_training(cydnnContext *ctx, int n, int c, int h, int w,
+                                                const float *x, const float *gamma, const float *beta,
+                                                double factor, float *running_mean, float *running_var,
+                                                double eps, float *y, float *save_mean, float *save_inv_std);
+cydnnStatus_t cydnn_batch_norm_forward_inference(cydnnContext *ctx, int n, int c, int h, int w,
+                                                 const float *x, const float *gamma, const float *beta,
+                                                 const float *running_mean, const float *running_var,
+                                                 double eps, float *y, float *save_mean, float *save_inv_std);
+/* Backward of a training forward (cuDNN, from save_mean / save_inv_std): dx through mu and
+ * var; dgamma = sum(dy xhat), dbeta = sum(dy) per channel, xhat = (x - mu) save_inv_std. */
+cydnnStatus_t cydnn_batch_norm_backward(cydnnContext *ctx, int n, int c, int h, int w, const float *x,
+                                        const float *dy, const float *gamma, const float *save_mean,
+                                        const float *save_inv_std, double eps, float *dx, float *dgamma,
+                                        float *dbeta);
+/* Backward of an inference forward (custom kernel, one block per channel): the statistics are
+ * constants, dx = dy gamma save_inv_std; dgamma and dbeta as above. */
+cydnnStatus_t cydnn_batch_norm_backward_inference(cydnnContext *ctx, int n, int c, int h, int w,
+                                                  const float *x, const float *dy, const float *gamma,
+                                                  const float *save_mean, const float *save_inv_std,
+                                                  float *dx, float *dgamma, float *dbeta);
 
 /* ----------------------------------------------------------------- linear */
 /* x (n, in), weight (out, in) as PyTorch, bias (out) or NULL, y (n, out):
@@ -252,6 +294,20 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
                                  int n_images, int h, int w, const int32_t *indices, int batch,
                                  float mean, float std, int pad, int max_shift, uint64_t seed,
                                  float *out_images, int32_t *out_labels);
+
+/* The same for images (n_images, channels, h, w) uint8, channels in [1,
+ * CYDNN_GATHER_MAX_CHANNELS]: out_images (batch, channels, h + 2 pad, w + 2 pad),
+ * normalised per channel with mean[c], std[c] (HOST arrays of `channels` floats, each
+ * std > 0, copied at the call).  With flip != 0, batch row b is mirrored left-right when
+ * splitmix64(r) >> 63 is 1 (r as above; the shift uses the same r); the flip comes first,
+ * then the shift: out(iy, ix) reads the flipped image at (iy - sy, ix - sx).  Shift and
+ * zero padding together make the usual random crop of a padded image. */
+#define CYDNN_GATHER_MAX_CHANNELS 64
+cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                     int n_images, int channels, int h, int w, const int32_t *indices,
+                                     int batch, const float *mean, const float *std, int pad,
+                                     int max_shift, int flip, uint64_t seed, float *out_images,
+                                     int32_t *out_labels);
 
 
 /* ============================================================ the fast path
@@ -371,6 +427,62 @@ void cydnn_predictor_destroy(cydnnPredictor *p);
 cydnnStatus_t cydnn_fused_mlp_forward(cydnnContext *ctx, const float *x, int n, int num_layers,
                                       const int *dims, const float *const *weights,
                                       const float *const *biases, float *y);
+
+/* ============================================================= the compiler
+ * Kernels the compiler (python/cydnn/compiler/) adds to the ops above when it
+ * plans a whole step for any Sequential (compiled.cu).  act: 0 identity, 1 relu,
+ * 2 tanh, 3 sigmoid, 4 leaky relu with `slope`. */
+enum { CYDNN_ACT_NONE = 0, CYDNN_ACT_RELU = 1, CYDNN_ACT_TANH = 2, CYDNN_ACT_SIGMOID = 3, CYDNN_ACT_LEAKY = 4 };
+
+/* x, y (n, channels, inner): y = act(x + bias[channel]); bias may be NULL; may run in place. */
+cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
+                                     int n, int channels, size_t inner, int act, float slope);
+/* g = dy * act'(y) (act' from the output y); dx = g (may be NULL), dbias[c] = sum of g
+ * over n and inner (may be NULL; one block per channel, fixed order). */
+cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                      float *dbias, int n, int channels, size_t inner, int act, float slope);
+
+/* The step counters a compiled step keeps on the device (the LeNet step's layout). */
+typedef cydnnLeNetCounters cydnnStepCounters;
+
+/* Every parameter updated in one launch, over flat buffers of `count` floats:
+ * param, grad, state1 (SGD momentum / Adam m), state2 (Adam v).  The step t
+ * (from 1) is counters->global_step + 1 and the learning rate
+ * lr_table[counters->step_in_epoch % lr_len], both read on the device, so a
+ * replayed graph follows a schedule.  Formulas: cydnn_sgd_update / cydnn_adam_update
+ * (SGD's first step, t = 1, sets the momentum buffer to g). */
+typedef struct {
+    float *param;
+    const float *grad;
+    float *state1, *state2;
+    size_t count;
+    int optimizer;                 /* CYDNN_OPT_SGD / _ADAM / _ADAMW */
+    float momentum, dampening, weight_decay;
+    int nesterov;
+    double beta1, beta2;
+    float eps;
+    const float *lr_table;
+    int lr_len;
+    const cydnnStepCounters *counters;
+} cydnnFlatUpdate;
+cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u);
+
+/* After the update: counters->correct += rows whose argmax (first maximum) is
+ * the label, loss_sum += *loss, step_in_epoch += 1, global_step += 1. */
+cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
+                                     int c, const float *loss, cydnnStepCounters *counters);
+
+/* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
+ * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out);
+
+/* cydnn_dropout_forward with the seed splitmix64(seed ^ counters->global_step):
+ * a new mask every replayed step. */
+cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                 uint32_t threshold, float scale, uint64_t seed,
+                                 const cydnnStepCounters *counters);
 
 #ifdef __cplusplus
 }

@@ -23,29 +23,58 @@
 #include <new>
 
 #include "common.cuh"
+#include "memory.cuh"
 
 struct cydnnGraph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     int kernels = 0;
+    cydnnContext *ctx = nullptr;
+    std::vector<void *> keep;   // pool blocks freed during the capture: the graph may use them
 };
 
 namespace {
 
 const char *kGraphOp = "cuda_graph";
 
+// Blocks kept for a graph go back to the pool (after the graph's last replay
+// in stream order: the pool hands them to work queued later on the same stream).
+void release_kept(cydnnContext *ctx, std::vector<void *> &keep) {
+    for (void *p : keep) ctx->pool->release(p);
+    keep.clear();
+}
+
 void destroy_graph(cydnnGraph *g) {
     if (g == nullptr) return;
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->graph) cudaGraphDestroy(g->graph);
+    if (g->ctx) release_kept(g->ctx, g->keep);
     delete g;
 }
+
+constexpr size_t kCublasWorkspace = size_t(8) << 20;
 
 }  // namespace
 
 cydnnStatus_t cydnn_graph_begin(cydnnContext *ctx) {
     CYDNN_REQUIRE_CTX(kGraphOp, ctx);
+    CYDNN_REQUIRE(kGraphOp, !ctx->capturing, "a capture is already under way on this context");
+    if (ctx->cublas_workspace == nullptr) {
+        // cuBLAS's own workspace could be allocated inside a capture (as memory
+        // nodes): give it one of ours first, kept for the life of the context.
+        void *ws = nullptr;
+        CYDNN_TRY(ctx->pool->allocate(kCublasWorkspace, &ws));
+        const cublasStatus_t e = cublasSetWorkspace(ctx->cublas, ws, kCublasWorkspace);
+        if (e != CUBLAS_STATUS_SUCCESS) {
+            ctx->pool->release(ws);
+            return cydnn::cublas_failure(e, kGraphOp, "cublasSetWorkspace");
+        }
+        ctx->cublas_workspace = ws;
+    }
     CYDNN_CUDA(kGraphOp, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed));
+    ctx->capturing = 1;
+    ctx->capture_keep.clear();
+    if (ctx->workspace != nullptr) ctx->workspace_captured = true;
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -55,7 +84,11 @@ cydnnStatus_t cydnn_graph_end(cydnnContext *ctx, int discard, cydnnGraph **out) 
     *out = nullptr;
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(ctx->stream, &graph);
+    ctx->capturing = 0;
+    std::vector<void *> keep;
+    keep.swap(ctx->capture_keep);
     if (ended != cudaSuccess || discard) {
+        release_kept(ctx, keep);   // no graph will run: the blocks are free again
         if (graph) cudaGraphDestroy(graph);
         if (ended != cudaSuccess) return cydnn::cuda_failure(ended, kGraphOp, "cudaStreamEndCapture");
         cudaGetLastError();
@@ -63,10 +96,13 @@ cydnnStatus_t cydnn_graph_end(cydnnContext *ctx, int discard, cydnnGraph **out) 
     }
     cydnnGraph *g = new (std::nothrow) cydnnGraph;
     if (g == nullptr) {
+        release_kept(ctx, keep);
         cudaGraphDestroy(graph);
         return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: out of host memory", kGraphOp);
     }
     g->graph = graph;
+    g->ctx = ctx;
+    g->keep.swap(keep);
     size_t count = 0;
     cudaError_t e = cudaGraphGetNodes(graph, nullptr, &count);
     if (e == cudaSuccess && count > 0) {

@@ -133,7 +133,7 @@ extern "C" cydnnStatus_t cydnn_malloc(cydnnContext *ctx, size_t nbytes, void **p
 
 extern "C" cydnnStatus_t cydnn_free(cydnnContext *ctx, void *ptr) {
     CYDNN_REQUIRE_CTX("free", ctx);
-    return ctx->pool->release(ptr);
+    return cydnn::pool_free(ctx, ptr);   // deferred while a graph is being captured
 }
 
 extern "C" cydnnStatus_t cydnn_empty_cache(cydnnContext *ctx) {

@@ -207,26 +207,37 @@ def test_gpu_dtype_set_refuses_float64():
         raises(TypeError, call, "float64", "accepted: float32")
 
 
-CONV_GEOMETRIES = [((2, 3, 7, 6), (4, 3, 3, 2), 2, 1), ((1, 2, 9, 8), (3, 2, 3, 3), (2, 1), (1, 2)),
-                   ((1, 1, 5, 5), (1, 1, 5, 5), 1, 0)]
+# (x shape, w shape, stride, padding, the (stride, padding) pairs they mean, the output's H, W worked
+# out by hand: out = (size + 2 * pad - kernel) // stride + 1).
+CONV_GEOMETRIES = [
+    ((2, 3, 7, 6), (4, 3, 3, 2), 2, 1, ((2, 2), (1, 1)), (4, 4)),              # (7+2-3)//2+1, (6+2-2)//2+1
+    ((1, 2, 9, 8), (3, 2, 3, 3), (2, 1), (1, 2), ((2, 1), (1, 2)), (5, 10)),   # (9+2-3)//2+1, (8+4-3)//1+1
+    ((1, 1, 5, 5), (1, 1, 5, 5), 1, 0, ((1, 1), (0, 0)), (1, 1)),
+    ((3, 1, 28, 28), (6, 1, 5, 5), 1, 2, ((1, 1), (2, 2)), (28, 28)),         # LeNet's conv1
+    ((1, 1, 8, 7), (2, 1, 2, 3), (3, 2), 0, ((3, 2), (0, 0)), (3, 3)),         # (8-2)//3+1, (7-3)//2+1
+]
 
 
-@pytest.mark.parametrize("x_shape, w_shape, stride, padding", CONV_GEOMETRIES)
-def test_check_conv_geometry_matches_the_output(x_shape, w_shape, stride, padding):
+@pytest.mark.parametrize("x_shape, w_shape, stride, padding, pairs, out_hw", CONV_GEOMETRIES)
+def test_check_conv_geometry_matches_the_output(x_shape, w_shape, stride, padding, pairs, out_hw):
+    """check_conv's (stride, padding, output size) against values worked out by hand, and the
+    numpy twin's output has that size."""
     x, w = np.zeros(x_shape), np.zeros(w_shape)
-    stride_hw, pad_hw, out_hw = _check.check_conv(x, w, None, stride, padding, FLOATS)
-    assert stride_hw == _check.pair(stride, "stride", "t") and pad_hw == _check.pair(padding, "padding", "t")
+    assert _check.check_conv(x, w, None, stride, padding, FLOATS) == pairs + (out_hw,)
     assert cpu.conv_forward(x, w, None, stride, padding)[0].shape == (x_shape[0], w_shape[0]) + out_hw
 
 
-@pytest.mark.parametrize("kernel, stride, padding", [(2, None, 0), (3, 2, 1), ((3, 2), (1, 2), (1, 1))])
-def test_check_pool_geometry_matches_the_output(kernel, stride, padding):
+@pytest.mark.parametrize("kernel, stride, padding, expected", [
+    (2, None, 0, ((2, 2), (2, 2), (0, 0), (3, 3))),                     # stride defaults to the kernel
+    (3, 2, 1, ((3, 3), (2, 2), (1, 1), (4, 3))),                        # (7+2-3)//2+1, (6+2-3)//2+1
+    ((3, 2), (1, 2), (1, 1), ((3, 2), (1, 2), (1, 1), (7, 4))),         # (7+2-3)//1+1, (6+2-2)//2+1
+])
+def test_check_pool_geometry_matches_the_output(kernel, stride, padding, expected):
+    """check_pool's (kernel, stride, padding, output size) against values worked out by hand."""
     x = np.zeros((2, 3, 7, 6))
-    kernel_hw, stride_hw, pad_hw, out_hw = _check.check_pool("max_pool_forward", x, kernel, stride, padding, FLOATS)
-    assert kernel_hw == _check.pair(kernel, "kernel", "t")
-    assert stride_hw == (kernel_hw if stride is None else _check.pair(stride, "stride", "t"))
-    assert cpu.max_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + out_hw
-    assert cpu.avg_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + out_hw
+    assert _check.check_pool("max_pool_forward", x, kernel, stride, padding, FLOATS) == expected
+    assert cpu.max_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + expected[3]
+    assert cpu.avg_pool_forward(x, kernel, stride, padding)[0].shape == (2, 3) + expected[3]
 
 
 def test_other_check_return_values():

@@ -34,13 +34,71 @@ def test_versions_without_and_with_gpu():
         assert v["cuda_driver"] is not None
 
 
-def test_libraries_loaded_from_somewhere_real():
+# The libraries the extension needs, and the wheel folder each comes from (see cydnn/_libs.py).
+_WHEEL_LIBS = {"libcudart": "cu13/lib", "libcublasLt": "cu13/lib", "libcublas": "cu13/lib", "libcudnn": "cudnn/lib"}
+
+
+def test_libraries_are_mapped_from_the_nvidia_wheels():
+    """In a fresh process, every CUDA runtime / cuBLAS / cuDNN file the loader mapped (as
+    /proc/self/maps lists them) lies in the folder of the NVIDIA wheel it belongs to, each soname
+    is mapped from one file only (no second, system copy beside the wheel's), and
+    `_libs.loaded` records those same paths."""
+    import importlib.util
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc/self/maps (Linux)")
+    spec = importlib.util.find_spec("nvidia")
+    assert spec is not None and spec.submodule_search_locations, \
+        "the nvidia-* wheels (cydnn's dependencies) are not installed"
+    code = ("import json, re, cydnn; from cydnn import _libs; "
+            "maps = sorted({l.split()[-1] for l in open('/proc/self/maps') "
+            "if re.search(r'/lib(cudart|cublas|cublasLt|cudnn)[^/]*\\.so', l)}); "
+            "print(json.dumps([maps, _libs.loaded]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+    maps, loaded = json.loads(out.stdout)
+    roots = [os.path.realpath(r) for r in spec.submodule_search_locations]
+    by_lib = {}
+    for path in maps:
+        base = os.path.basename(path)
+        lib = max((k for k in _WHEEL_LIBS if base.startswith(k + ".") or base.startswith(k + "_")), key=len,
+                  default=None)
+        assert lib is not None, f"unexpected CUDA library mapped: {path}"
+        folders = [os.path.join(r, _WHEEL_LIBS[lib]) for r in roots]
+        assert os.path.dirname(os.path.realpath(path)) in folders, f"{path} is not from the wheel ({folders})"
+        by_lib.setdefault(base, []).append(path)
+    for lib in _WHEEL_LIBS:
+        assert any(b.startswith(lib + ".so") for b in by_lib), f"{lib} is not mapped at all: {maps}"
+    assert all(len(paths) == 1 for paths in by_lib.values()), by_lib
     from cydnn import _libs
-    assert set(_libs.loaded) == {name for name, _, _ in _libs.LIBRARIES}
+    assert set(loaded) == {name for name, _, _ in _libs.LIBRARIES}
+    for soname, path in loaded.items():
+        assert os.path.isabs(path) and os.path.basename(path) == soname and path in maps, (soname, path, maps)
+
+
+def test_a_missing_library_is_named_with_how_to_get_it(monkeypatch):
+    """No wheel and no system copy: ImportError names the library, what was tried and the pip package."""
+    from cydnn import _libs
+    monkeypatch.setattr(_libs, "loaded", {})
+    monkeypatch.setattr(_libs, "LIBRARIES", [("libcydnn_no_such_lib.so.1", "cu13/lib", "nvidia-no-such")])
+    with pytest.raises(ImportError) as e:
+        _libs.preload()
+    msg = str(e.value)
+    assert "libcydnn_no_such_lib.so.1" in msg and "system search" in msg and "pip install nvidia-no-such" in msg
 
 
 def test_device_count_matches_availability():
-    assert (cydnn.cuda.device_count() > 0) == (GPU_UNAVAILABLE is None) or GPU_UNAVAILABLE is not None
+    n = cydnn.cuda.device_count()
+    assert isinstance(n, int) and n >= 0
+    if GPU_UNAVAILABLE is None:
+        assert n >= 1
+        cydnn.cuda.check_device(n - 1)
+        with pytest.raises(cydnn.DeviceUnavailableError, match=f"device {n} requested but {n} device"):
+            cydnn.cuda.check_device(n)
+    elif "update the driver" not in GPU_UNAVAILABLE:   # a driver too old may still count its devices
+        assert n == 0, GPU_UNAVAILABLE
+        assert "no NVIDIA driver" in GPU_UNAVAILABLE or "no CUDA device" in GPU_UNAVAILABLE \
+            or "initialisation failed" in GPU_UNAVAILABLE
 
 
 @pytest.mark.skipif(GPU_UNAVAILABLE is None, reason="this machine has a GPU")

@@ -6,24 +6,21 @@ numpy-in / numpy-out predictor, the fused MLP, and a compiled training step
 against the reference loop on the same batches.
 """
 import logging
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import cydnn
-from cydnn import _C, datasets, fast, models, nn, ops, optim
+from cydnn import _C, datasets, models, nn, ops, optim
 
-MNIST = Path(os.environ.get("CYDNN_TEST_MNIST", Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"))
+import mnist_data  # noqa: E402  (the one MNIST lookup: tests/mnist_data.py)
 
 gpu = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def mnist(tmp_path_factory):
-    if not MNIST.is_dir():
-        pytest.skip(f"real MNIST not found in {MNIST} (set CYDNN_TEST_MNIST)")
+    MNIST = mnist_data.require()
     root = tmp_path_factory.mktemp("mnist")
     train = datasets.MNIST(root=root, train=True, mirrors=[str(MNIST)])
     test = datasets.MNIST(root=root, train=False, mirrors=[str(MNIST)])
@@ -54,7 +51,7 @@ def test_fused_forward_matches_reference_on_every_test_image(classic, mnist):
     ref = model.predict(test_images, fast=False)
     dev = ops.cuda.asarray(test_images)
     out = ops.cuda.empty((len(test_images), 10))
-    params = fast.support.lenet_params(model)
+    params = tuple(p.data for p in model.parameters())
     _C.lenet_forward(model.classic, 10, params, dev, out, model.mean, model.std, True)
     got = out.numpy()
     diff = np.abs(got - ref).max()
@@ -108,12 +105,22 @@ def test_fast_predict_refuses_what_the_reference_refuses(mnist):
 
 
 @gpu
-def test_fast_predict_is_not_used_for_other_models():
+def test_fast_predict_runs_other_models_on_the_generic_plan():
     model = models.LeNet5().to("cuda")
-    model.extra = nn.ReLU()      # the layers changed: not LeNet-5 any more
+    model.extra = nn.ReLU()      # the layers changed: not LeNet-5 any more, but still a Sequential
+    x = np.random.default_rng(0).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    predictor = model.fast_predictor()
+    assert predictor is not None
+    np.testing.assert_allclose(model.predict(x), model.predict(x, fast=False), rtol=1e-5, atol=1e-6)
+    assert "LeNet-5 only" in predictor.info()["lenet"] and predictor.info()["mode"] == "graph"
+
+    class Odd(nn.Module):
+        def forward(self, x):
+            return x
+    model.odd = Odd()            # a layer the compiler does not take: the reference path, or an error
     assert model.fast_predictor() is None
-    with pytest.raises(ValueError, match="layers were changed"):
-        model.predict(np.zeros((1, 28, 28), np.uint8), fast=True)
+    with pytest.raises(ValueError, match="does not take"):
+        model.predict(x, fast=True)
 
 
 @gpu
@@ -173,8 +180,8 @@ def test_compiled_step_matches_reference_loop(classic, opt_kind, max_shift, batc
     ref_model = models.LeNet5(classic=classic, seed=5).to("cuda")
     ref_opt = _make_opt(opt_kind, ref_model.parameters())
     ref_sched = optim.CosineAnnealingLR(ref_opt, T_max=100)
-    ref_step = ref_model.compile(ref_opt, batch, fused=False)
-    assert ref_step.info()["mode"] == "plain"
+    ref_step = ref_model.compile(ref_opt, batch, cuda_graph=False, fused=False)
+    assert ref_step.info()["mode"] == "reference"
     fast_model = models.LeNet5(classic=classic, seed=5).to("cuda")
     fast_opt = _make_opt(opt_kind, fast_model.parameters())
     fast_sched = optim.CosineAnnealingLR(fast_opt, T_max=100)
@@ -215,7 +222,7 @@ def test_compiled_step_last_gradient_matches_reference(mnist):
         ref_opt = optim.SGD(ref_model.parameters(), lr=0.0)
         fast_opt = optim.SGD(fast_model.parameters(), lr=0.0)
         loader_r, loader_f = _loader(mnist, ref_model, 96, 96), _loader(mnist, fast_model, 96, 96)
-        ref_model.compile(ref_opt, 96, fused=False).train_epoch(loader_r)
+        ref_model.compile(ref_opt, 96, cuda_graph=False, fused=False).train_epoch(loader_r)
         fast_model.compile(fast_opt, 96).train_epoch(loader_f)
         for (name, p), (_, q) in zip(ref_model.named_parameters(), fast_model.named_parameters()):
             g_ref, g = p.grad.numpy(), q.grad.numpy()
@@ -235,7 +242,7 @@ def test_capture_failure_falls_back_to_fused_kernels(mnist, monkeypatch, caplog)
         step = model.compile(opt, 64)
         if break_capture:
             monkeypatch.setattr(_C, "graph_begin", refuse)
-        with caplog.at_level(logging.WARNING, logger="cydnn.fast"):
+        with caplog.at_level(logging.WARNING, logger="cydnn.compiler"):
             stats = step.train_epoch(_loader(mnist, model, 64 * 5, 64))
         results.append((stats, [p.data.numpy() for p in model.parameters()]))
         if break_capture:
@@ -248,14 +255,15 @@ def test_capture_failure_falls_back_to_fused_kernels(mnist, monkeypatch, caplog)
 
 
 @gpu
-def test_unsupported_model_runs_the_reference_loop(mnist):
+def test_a_changed_lenet_runs_the_generic_compiled_plan(mnist):
     model = models.LeNet5(seed=1).to("cuda")
-    model.extra = nn.Identity() if hasattr(nn, "Identity") else nn.Flatten()
+    model.extra = nn.Flatten()
     opt = optim.SGD(model.parameters(), lr=0.05)
     step = model.compile(opt, 64)
-    assert step.info()["mode"] == "plain" and "layers were changed" in step.info()["reason"]
+    assert step.info()["mode"] == "graph"
     stats = step.train_epoch(_loader(mnist, model, 64 * 3, 64))
-    assert stats["steps"] == 3 and np.isfinite(stats["loss"])
+    assert stats["steps"] == 3 and np.isfinite(stats["loss"]) and stats["mode"] == "graph"
+    assert "LeNet-5 only" in step.info()["lenet"]
 
 
 @gpu
@@ -340,6 +348,6 @@ def test_fast_paths_on_a_few_images(classic):
     for x in (images[:3], images[:3].astype(np.float32) / 255, images):      # graph path, float, chunked path
         assert np.abs(model.predict(x) - model.predict(x, fast=False)).max() <= 1e-5
     out = ops.cuda.empty((100, 10))
-    _C.lenet_forward(classic, 10, fast.support.lenet_params(model), ops.cuda.asarray(images), out, model.mean,
+    _C.lenet_forward(classic, 10, tuple(p.data for p in model.parameters()), ops.cuda.asarray(images), out, model.mean,
                      model.std, True)
     assert np.abs(out.numpy() - model.predict(images, fast=False)).max() <= 1e-5

@@ -79,24 +79,42 @@ def test_nan_weights_give_nan_probabilities(images):
     assert np.isnan(m.predict(images[:4])).all()
 
 
-@pytest.mark.parametrize("make", [
-    lambda p, v: optim.SGD(p, lr=v), lambda p, v: optim.Adam(p, lr=v), lambda p, v: optim.AdamW(p, lr=v),
-    lambda p, v: optim.SGD(p, lr=0.1, momentum=v), lambda p, v: optim.SGD(p, lr=0.1, weight_decay=v),
-    lambda p, v: optim.Adam(p, eps=v), lambda p, v: optim.Adam(p, weight_decay=v),
-    lambda p, v: optim.Adam(p, betas=(v, 0.9)),
+@pytest.mark.parametrize("make, what", [
+    (lambda p, v: optim.SGD(p, lr=v), "SGD: learning rate"),
+    (lambda p, v: optim.Adam(p, lr=v), "Adam: learning rate"),
+    (lambda p, v: optim.AdamW(p, lr=v), "AdamW: learning rate"),
+    (lambda p, v: optim.SGD(p, lr=0.1, momentum=v), "SGD: momentum"),
+    (lambda p, v: optim.SGD(p, lr=0.1, weight_decay=v), "SGD: weight_decay"),
+    (lambda p, v: optim.Adam(p, eps=v), "Adam: eps"),
+    (lambda p, v: optim.Adam(p, weight_decay=v), "Adam: weight_decay"),
+    (lambda p, v: optim.Adam(p, betas=(v, 0.9)), r"Adam: betas\[0\]"),
 ])
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
-def test_optimizer_hyperparameters_must_be_finite_and_valid(model, make, value):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("value, rule", [(float("nan"), "must be finite, got nan"),
+                                         (float("inf"), "must be finite, got inf"),
+                                         (-1.0, "must be >= 0, got -1.0")])
+def test_optimizer_hyperparameters_must_be_finite_and_valid(model, make, what, value, rule):
+    """Each of the 24 refusals names the optimizer, the setting, the rule and the value given."""
+    with pytest.raises(ValueError, match=f"^{what} {rule}$"):
         make(model.parameters(), value)
 
 
 def test_a_schedule_cannot_set_a_nan_learning_rate(model):
     opt = optim.SGD(model.parameters(), lr=0.1)
-    sched = optim.StepLR(opt, step_size=1, gamma=float("nan"))
-    with pytest.raises(ValueError, match="learning rate must be finite"):
+    with pytest.raises(ValueError, match="^StepLR: gamma must be finite, got nan$"):
+        optim.StepLR(opt, step_size=1, gamma=float("nan"))
+    with pytest.raises(ValueError, match="^CosineAnnealingLR: eta_min must be finite, got inf$"):
+        optim.CosineAnnealingLR(opt, T_max=3, eta_min=float("inf"))
+
+    class Broken(optim.LRScheduler):          # a schedule of one's own that goes wrong at t = 2
+        def lr_at(self, t):
+            return self.base_lr if t < 2 else float("nan")
+    sched = Broken(opt)
+    sched.step()
+    assert opt.lr == 0.1
+    with pytest.raises(ValueError, match="^SGD: learning rate must be finite, got nan$"):
         sched.step()
-    with pytest.raises(ValueError, match="learning rate must be finite"):
+    assert opt.lr == 0.1                      # the refused value never took effect
+    with pytest.raises(ValueError, match="^SGD: learning rate must be finite, got nan$"):
         opt.lr = float("nan")
 
 

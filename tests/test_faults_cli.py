@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cydnn import train
+from cydnn import datasets, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_idx  # noqa: E402
@@ -87,12 +87,16 @@ def test_divergence_is_one_line_with_the_epoch(tmp_path, mirror):
     (["--plot", "/nonexistent-folder/c.png"], "--plot: cannot write /nonexistent-folder/c.png: the folder"),
 ])
 def test_bad_arguments_fail_at_once_in_one_line(argv, message, tmp_path, monkeypatch):
+    """Refused before any work: neither training nor the dataset is reached (counted by stand-ins,
+    not timed), and nothing is written."""
     monkeypatch.chdir(tmp_path)
-    start = time.monotonic()
+    reached = []
+    monkeypatch.setattr(train, "train", lambda *a, **k: reached.append("train"))
+    monkeypatch.setattr(datasets.IDXDataset, "__init__", lambda *a, **k: reached.append("dataset"))
     with pytest.raises(SystemExit) as info:
         train.main(argv)
     assert str(info.value).startswith(message)
-    assert time.monotonic() - start < 1                  # before any data is loaded
+    assert reached == []                                 # before any data is loaded
     assert os.listdir(tmp_path) == []
 
 
@@ -128,13 +132,20 @@ def test_ctrl_c_stops_quickly_with_a_short_message_and_no_partial_checkpoint(tmp
     ckpt = tmp_path / "lenet.npz"
     proc, took, out, err = start_and_interrupt(tmp_path, mirror, "--save", str(ckpt), after_epochs=2)
     assert proc.returncode == 130, err[-3000:]
-    assert took < 5, f"{took:.1f} s from SIGINT to exit"        # a second or two, even on a loaded machine
+    # Generous on purpose: the handler raises between two bytecodes, so the exit takes well under a
+    # second on an idle machine; 60 s still fails a run that ignored the signal (100,000 epochs),
+    # and a CI machine shared by many jobs never flakes it.  The work done after the signal is
+    # bounded below instead: the run stopped inside the epoch it reports.
+    assert took < 60, f"{took:.1f} s from SIGINT to exit"
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted (Ctrl-C) during epoch ")
     assert last.endswith(f"training stopped; {ckpt} was not written")
     epoch = int(last.split("during epoch ")[1].split("/")[0])
+    finished = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
     assert epoch >= 3                                            # two epochs had finished
+    assert len(finished) == epoch - 1                            # and none after the one interrupted
+    assert finished[-1].startswith(f"epoch {epoch - 1:2d}/100000 ")
     assert sorted(os.listdir(tmp_path)) == ["data"]              # no checkpoint, no temporary
 
 

@@ -101,37 +101,80 @@ def test_device_arrays_work_in_ops_after_empty_cache():
     assert p.numpy().shape == (4, 3, 4, 4)
 
 
+@gpu
 def test_the_fast_predictors_c_calls_take_turns_between_threads():
-    """The fast predictor's C call releases the GIL (it waits on the GPU); its pinned buffers and
-    graphs are shared by the calls, so the calls of one predictor must never overlap.  Checked on
-    the CPU with a stand-in for the C predictor that sleeps (releasing the GIL) and counts how many
-    calls are inside at once."""
+    """The fast predictor's pinned buffers and graphs are shared by its calls, so the calls of one
+    predictor must never overlap (here the wrapper sleeps with the GIL released to invite it).  The real
+    FastPredictor, made by ``predict`` itself, with its C predictor wrapped to count how many calls
+    are inside at once (and to hold each call a little longer, GIL released): with the predictor's
+    own lock the peak is 1 and every result equals the call made alone; with the lock taken out
+    the same threads do overlap, so the count can see an overlap when there is one."""
+    import contextlib
     import threading
     import time
 
-    from cydnn.fast.predict import FastPredictor
+    m = models.LeNet5(seed=0).to("cuda")
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in (1, 5, 17, 64)]
+    alone = [m.predict(b) for b in batches]                 # makes the predictor (public API)
+    outer = m.fast_predictor()                              # the compiled inference ...
+    predictor = outer._lenet                                # ... which runs LeNet-5 on its fused C predictor
+    assert predictor is not None and isinstance(predictor._lock, type(threading.Lock()))
+    assert isinstance(outer._lock, type(threading.Lock()))
+    real = predictor._p
 
-    class FakeC:
+    class Counting:
         inside = peak = calls = 0
         guard = threading.Lock()
 
         def __call__(self, params, images):
             with self.guard:
-                FakeC.inside += 1
-                FakeC.peak = max(FakeC.peak, FakeC.inside)
-                FakeC.calls += 1
-            time.sleep(0.002)
-            with self.guard:
-                FakeC.inside -= 1
-            return np.zeros((len(images), 10), np.float32)
+                self.inside += 1
+                self.peak = max(self.peak, self.inside)
+                self.calls += 1
+            try:
+                time.sleep(0.002)
+                return real(params, images)
+            finally:
+                with self.guard:
+                    self.inside -= 1
 
-    predictor = object.__new__(FastPredictor)          # no GPU: only the Python wrapper is under test
-    predictor.num_classes, predictor._params, predictor._p = 10, (), FakeC()
-    predictor._lock = threading.Lock()
-    images = np.zeros((3, 28, 28), np.uint8)
-    threads = [threading.Thread(target=lambda: [predictor(images) for _ in range(25)]) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert FakeC.calls == 100 and FakeC.peak == 1
+    def hammer():
+        counting = Counting()
+        predictor._p = counting
+        results, errors = [], []
+
+        def work(k):
+            try:
+                for _ in range(10):
+                    results.append((k, m.predict(batches[k])))
+            except Exception as e:  # noqa: BLE001 -- reported below
+                errors.append(e)
+        threads = [threading.Thread(target=work, args=(k % len(batches),)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        return counting, results
+
+    try:
+        counting, results = hammer()
+        assert counting.calls == 60 and counting.peak == 1
+        for k, r in results:
+            np.testing.assert_array_equal(r, alone[k])
+        predictor._lock = outer._lock = contextlib.nullcontext()   # the locks taken out: the calls overlap
+        counting, _ = hammer()
+        assert counting.calls == 60 and counting.peak > 1
+    finally:
+        predictor._p, predictor._lock, outer._lock = real, threading.Lock(), threading.Lock()
+
+
+def test_predict_fast_true_on_the_cpu_raises_as_documented():
+    """``fast=True`` "raises ValueError, with the reason, where the fast path cannot run": on the
+    CPU it cannot (the fused kernels are CUDA), so it must not quietly return the reference result."""
+    m = models.LeNet5(seed=0)
+    x = np.zeros((2, 28, 28), np.uint8)
+    with pytest.raises(ValueError, match=r"predict\(fast=True\).*(GPU|cuda|CUDA)"):
+        m.predict(x, fast=True)
+    assert m.predict(x, fast=None).shape == (2, 10) and m.predict(x, fast=False).shape == (2, 10)

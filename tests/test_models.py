@@ -40,6 +40,7 @@ def test_lenet5_layer_by_layer_shapes(device, classic, side, shapes):
     kinds = [nn.Conv2d, act, pool, nn.Conv2d, act, pool, nn.Flatten, nn.Linear, act, nn.Linear, act, nn.Linear]
     assert [type(m) for m in model] == kinds
     assert model.input_pad == (2 if classic else 0) and model.input_size == 28
+    assert model.input_shape == (1, 28, 28) and model.in_channels == 1
     x = ops.backend(device).asarray(np.zeros((3, 1, side, side), np.float32))
     for layer, shape in zip(model, shapes):
         x = layer(x)
@@ -62,9 +63,20 @@ def test_num_classes_and_config():
         models.build({"arch": "ResNet50"})
 
 
-def test_default_preprocessing_is_mnist():
+def test_default_preprocessing_is_mnist_and_repr_shows_it():
     model = models.LeNet5()
     assert (model.mean, model.std) == (0.1307, 0.3081)
+    assert type(model.mean) is float and type(model.std) is float      # the fused kernels take scalars
+    assert repr(model).startswith("LeNet5(modern, input_shape=(1, 28, 28), input_pad=0, mean=0.1307, std=0.3081, "
+                                  "num_classes=10\n  (conv1): Conv2d(1, 6")
+    assert models.LeNet5(mean=[0.5], std=np.float32(0.25)).config()["mean"] == 0.5    # one channel: a float
+
+
+def test_the_old_import_paths_still_work():
+    from cydnn.models import ARCHITECTURES, ImageClassifier, LeNet5, build, register  # noqa: F401
+    import cydnn
+    assert cydnn.models.LeNet5 is LeNet5 and issubclass(LeNet5, ImageClassifier)
+    assert ARCHITECTURES["LeNet5"] is LeNet5 and register(LeNet5) is LeNet5
 
 
 # ---------------------------------------------------------------- predict

@@ -313,3 +313,4 @@ def test_training_a_linear_classifier_lowers_the_loss(device, make_opt):
     last = float(host(loss_fn(model(x), y)))
     assert last < 0.3 * first
     assert (logits.argmax(axis=1) == y_host).mean() > 0.95
+

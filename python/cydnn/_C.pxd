@@ -93,6 +93,10 @@ cdef extern from "cydnn.h" nogil:
 
     cydnnStatus_t cydnn_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
     cydnnStatus_t cydnn_relu_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count)
+    cydnnStatus_t cydnn_leaky_relu_forward(cydnnContext *ctx, const float *x, float *y, size_t count,
+                                           float negative_slope)
+    cydnnStatus_t cydnn_leaky_relu_backward(cydnnContext *ctx, const float *x, const float *dy, float *dx,
+                                            size_t count, float negative_slope)
     cydnnStatus_t cydnn_tanh_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
     cydnnStatus_t cydnn_tanh_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx, size_t count)
     cydnnStatus_t cydnn_sigmoid_forward(cydnnContext *ctx, const float *x, float *y, size_t count)
@@ -101,6 +105,24 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_dropout_forward(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
                                         uint32_t threshold, float scale, uint64_t seed)
     cydnnStatus_t cydnn_mul(cydnnContext *ctx, const float *a, const float *b, float *out, size_t count)
+
+    cydnnStatus_t cydnn_batch_norm_forward_training(cydnnContext *ctx, int n, int c, int h, int w,
+                                                    const float *x, const float *gamma, const float *beta,
+                                                    double factor, float *running_mean, float *running_var,
+                                                    double eps, float *y, float *save_mean, float *save_inv_std)
+    cydnnStatus_t cydnn_batch_norm_forward_inference(cydnnContext *ctx, int n, int c, int h, int w,
+                                                     const float *x, const float *gamma, const float *beta,
+                                                     const float *running_mean, const float *running_var,
+                                                     double eps, float *y, float *save_mean,
+                                                     float *save_inv_std)
+    cydnnStatus_t cydnn_batch_norm_backward(cydnnContext *ctx, int n, int c, int h, int w, const float *x,
+                                            const float *dy, const float *gamma, const float *save_mean,
+                                            const float *save_inv_std, double eps, float *dx, float *dgamma,
+                                            float *dbeta)
+    cydnnStatus_t cydnn_batch_norm_backward_inference(cydnnContext *ctx, int n, int c, int h, int w,
+                                                      const float *x, const float *dy, const float *gamma,
+                                                      const float *save_mean, const float *save_inv_std,
+                                                      float *dx, float *dgamma, float *dbeta)
 
     cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const float *weight, const float *bias,
                                        float *y, int n, int in_features, int out_features)
@@ -123,6 +145,11 @@ cdef extern from "cydnn.h" nogil:
                                      int n_images, int h, int w, const int32_t *indices, int batch,
                                      float mean, float std, int pad, int max_shift, uint64_t seed,
                                      float *out_images, int32_t *out_labels)
+    cydnnStatus_t cydnn_gather_batch_chw(cydnnContext *ctx, const uint8_t *images, const int32_t *labels,
+                                         int n_images, int channels, int h, int w, const int32_t *indices,
+                                         int batch, const float *mean, const float *std, int pad,
+                                         int max_shift, int flip, uint64_t seed, float *out_images,
+                                         int32_t *out_labels)
 
 
 cdef class _Allocation:
@@ -210,3 +237,39 @@ cdef extern from "cydnn.h" nogil:
                                           const int *dims, const float *const *weights,
                                           const float *const *biases, float *y)
     size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len)
+
+    # ---- the compiler's kernels (compiled.cu)
+    enum:
+        CYDNN_ACT_NONE
+        CYDNN_ACT_RELU
+        CYDNN_ACT_TANH
+        CYDNN_ACT_SIGMOID
+        CYDNN_ACT_LEAKY
+    cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
+                                         int n, int channels, size_t inner, int act, float slope)
+    cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                          float *dbias, int n, int channels, size_t inner, int act, float slope)
+    ctypedef cydnnLeNetCounters cydnnStepCounters
+    ctypedef struct cydnnFlatUpdate:
+        float *param
+        const float *grad
+        float *state1
+        float *state2
+        size_t count
+        int optimizer
+        float momentum, dampening, weight_decay
+        int nesterov
+        double beta1, beta2
+        float eps
+        const float *lr_table
+        int lr_len
+        const cydnnStepCounters *counters
+    cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u)
+    cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
+                                         int c, const float *loss, cydnnStepCounters *counters)
+    cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                     uint32_t threshold, float scale, uint64_t seed,
+                                     const cydnnStepCounters *counters)
+    cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                        const float *beta, const float *mean, const float *var, float eps, int out,
+                                        size_t per_out, float *w_out, float *b_out)

@@ -387,3 +387,4 @@ cdef class DeviceArray:
 
 include "_ops.pxi"
 include "_fast.pxi"
+include "_compiled.pxi"

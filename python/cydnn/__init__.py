@@ -38,8 +38,12 @@ def versions():
 def __getattr__(name):
     # The layer API, models and datasets load on first use (they pull in more).
     import importlib
-    if name in ("nn", "optim", "models", "datasets", "serialization", "train", "interop", "onnx_import"):
+    if name in ("nn", "optim", "models", "datasets", "serialization", "train", "interop", "onnx_import",
+                "compiler", "loop"):
         return importlib.import_module(f"cydnn.{name}")
+    if name == "compile":                                       # any Sequential -> plan, graph, fused kernels
+        from cydnn.compiler import compile
+        return compile
     if name == "load":
         from cydnn.serialization import load
         return load

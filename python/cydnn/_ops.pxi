@@ -1,5 +1,5 @@
 # _ops.pxi -- the op wrappers: one ``def`` per C function of cydnn.h's op families
-# (convolution, pooling, activations, linear, losses, optimizers, data).  Included by _C.pyx.
+# (convolution, pooling, activations, batch normalization, linear, losses, optimizers, data).  Included by _C.pyx.
 # Each turns DeviceArrays into typed pointers (f32 / i32 check the dtype) and geometry
 # structs, calls the C function, and turns its status into the library's exception.
 
@@ -94,6 +94,15 @@ def relu_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray d
     check(cydnn_relu_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"), y.size), "relu_backward")
 
 
+def leaky_relu_forward(DeviceArray x not None, DeviceArray y not None, float negative_slope):
+    check(cydnn_leaky_relu_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size, negative_slope), "leaky_relu_forward")
+
+
+def leaky_relu_backward(DeviceArray x not None, DeviceArray dy not None, DeviceArray dx, float negative_slope):
+    check(cydnn_leaky_relu_backward(ctx(), f32(x, "x"), f32(dy, "dy"), f32(dx, "dx"), x.size, negative_slope),
+          "leaky_relu_backward")
+
+
 def tanh_forward(DeviceArray x not None, DeviceArray y not None):
     check(cydnn_tanh_forward(ctx(), f32(x, "x"), f32(y, "y"), x.size), "tanh_forward")
 
@@ -119,6 +128,47 @@ def dropout_forward(DeviceArray x not None, DeviceArray y not None, DeviceArray 
 def mul(DeviceArray a not None, DeviceArray b, DeviceArray out not None):
     """out = a * b, elementwise (dropout's backward)."""
     check(cydnn_mul(ctx(), f32(a, "a"), f32(b, "b"), f32(out, "out"), a.size), "mul")
+
+
+# ------------------------------------------------------- batch normalization
+cdef tuple nchw(DeviceArray x):
+    """x's shape as (n, c, h, w): (n, c) is (n, c, 1, 1), (n, c, l) is (n, c, l, 1)."""
+    return (tuple(x.shape) + (1, 1))[:4]
+
+
+def batch_norm_forward(DeviceArray x not None, DeviceArray gamma not None, DeviceArray beta not None,
+                       DeviceArray running_mean, DeviceArray running_var, bint training, double factor,
+                       double eps, DeviceArray y not None, DeviceArray save_mean, DeviceArray save_inv_std):
+    """Training: cudnnBatchNormalizationForwardTraining (running statistics may be None); inference:
+    cudnnBatchNormalizationForwardInference (save_mean / save_inv_std may be None)."""
+    n, c, h, w = nchw(x)
+    if training:
+        check(cydnn_batch_norm_forward_training(
+            ctx(), n, c, h, w, f32(x, "x"), f32(gamma, "gamma"), f32(beta, "beta"), factor,
+            f32_or_null(running_mean, "running_mean"), f32_or_null(running_var, "running_var"), eps, f32(y, "y"),
+            f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std")), "batch_norm_forward")
+    else:
+        check(cydnn_batch_norm_forward_inference(
+            ctx(), n, c, h, w, f32(x, "x"), f32(gamma, "gamma"), f32(beta, "beta"),
+            f32(running_mean, "running_mean"), f32(running_var, "running_var"), eps, f32(y, "y"),
+            f32_or_null(save_mean, "save_mean"), f32_or_null(save_inv_std, "save_inv_std")), "batch_norm_forward")
+
+
+def batch_norm_backward(DeviceArray x not None, DeviceArray dy not None, DeviceArray gamma not None,
+                        DeviceArray save_mean not None, DeviceArray save_inv_std not None, bint training, double eps,
+                        DeviceArray dx not None, DeviceArray dgamma not None, DeviceArray dbeta not None):
+    """Training: cudnnBatchNormalizationBackward; inference: the custom kernel (constant statistics)."""
+    n, c, h, w = nchw(x)
+    if training:
+        check(cydnn_batch_norm_backward(ctx(), n, c, h, w, f32(x, "x"), f32(dy, "dy"), f32(gamma, "gamma"),
+                                        f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std"), eps,
+                                        f32(dx, "dx"), f32(dgamma, "dgamma"), f32(dbeta, "dbeta")),
+              "batch_norm_backward")
+    else:
+        check(cydnn_batch_norm_backward_inference(ctx(), n, c, h, w, f32(x, "x"), f32(dy, "dy"), f32(gamma, "gamma"),
+                                                  f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std"),
+                                                  f32(dx, "dx"), f32(dgamma, "dgamma"), f32(dbeta, "dbeta")),
+              "batch_norm_backward")
 
 
 # -------------------------------------------------------------------- linear
@@ -171,3 +221,23 @@ def gather_batch(DeviceArray images not None, DeviceArray labels, DeviceArray in
     check(cydnn_gather_batch(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
                              images.shape[2], i32(indices, "indices"), indices.shape[0], mean, std, pad,
                              max_shift, seed, f32(out_images, "out_images"), out_lab), "gather_batch")
+
+
+def gather_batch_chw(DeviceArray images not None, DeviceArray labels, DeviceArray indices not None, mean, std,
+                     int pad, int max_shift, bint flip, uint64_t seed, DeviceArray out_images not None,
+                     DeviceArray out_labels):
+    """images (N, C, H, W) uint8 on the GPU; mean, std: host float32 arrays of C values."""
+    if images.dtype != _U8 or len(images.shape) != 4:
+        raise TypeError(f"gather_batch_chw: images must be uint8 (N, C, H, W) on the GPU, got {images.dtype} "
+                        f"{images.shape}")
+    cdef const float[::1] m = np.ascontiguousarray(mean, dtype=np.float32)
+    cdef const float[::1] s = np.ascontiguousarray(std, dtype=np.float32)
+    if m.shape[0] != images.shape[1] or s.shape[0] != images.shape[1]:
+        raise ValueError(f"gather_batch_chw: mean and std need {images.shape[1]} values, got {m.shape[0]} and "
+                         f"{s.shape[0]}")
+    cdef int32_t *lab = <int32_t *>NULL if labels is None else i32(labels, "labels")
+    cdef int32_t *out_lab = <int32_t *>NULL if out_labels is None else i32(out_labels, "out_labels")
+    check(cydnn_gather_batch_chw(ctx(), <const uint8_t *>images.data(), lab, images.shape[0], images.shape[1],
+                                 images.shape[2], images.shape[3], i32(indices, "indices"), indices.shape[0],
+                                 &m[0], &s[0], pad, max_shift, flip, seed, f32(out_images, "out_images"),
+                                 out_lab), "gather_batch_chw")

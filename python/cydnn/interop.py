@@ -25,22 +25,30 @@ Nothing is ever unpickled (``np.load(allow_pickle=False)``; a ``torch.save``
 file is refused with a hint).  Values are taken as they are: NaN and inf load
 unchanged (check ``np.isfinite`` yourself if that matters).
 """
+import math
 import os
 import shutil
 import tempfile
 import warnings
-import zipfile
 
 import numpy as np
 
-from .serialization import read_npz_member
+from ._filesafe import NpzReader, check_lossless, read_safetensors_header, read_safetensors_tensor
+from ._names import check_name, child_path
 
 __all__ = ["WeightsError", "load_pytorch_weights", "export_weights", "FORMATS"]
 
 #: The forms :func:`export_weights` writes (and :func:`load_pytorch_weights` reads).
 FORMATS = ("npz", "safetensors", "txt", "bin")
+#: Largest declared uncompressed size of one .npz member, and of all of them (bytes).
+MAX_MEMBER_BYTES = 1 << 30
+MAX_TOTAL_BYTES = 4 << 30
+#: Largest .txt parameter file read, per value it must hold (``np.savetxt``'s default
+#: ``%.18e`` takes 25 bytes a value; 64 leaves room for any sane format).
+MAX_TXT_BYTES_PER_VALUE = 64
 
 _ZIP_MAGIC = b"PK\x03\x04"
+_KEEP = object()
 
 
 class WeightsError(ValueError):
@@ -57,48 +65,77 @@ def _safetensors_numpy():
 
 
 def _expected_shapes(model):
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    """name -> shape of everything the model's state_dict holds: parameters, then buffers
+    (BatchNorm's running statistics) where the module system has them."""
+    return {name: tuple(shape) for name, (shape, _) in _expected(model).items()}
+
+
+def _expected(model):
+    """name -> (shape, dtype) of every parameter and buffer."""
+    out = {name: (p.shape, np.dtype(p.dtype)) for name, p in model.named_parameters()}
+    if hasattr(model, "named_buffers"):
+        out.update((name, (b.shape, np.dtype(b.dtype))) for name, b in model.named_buffers())
+    return out
+
+
+def _limit(shape):
+    """Bytes a parameter of ``shape`` may take in a file: float64 (or int64) at most."""
+    return 8 * math.prod(shape)
 
 
 # ---------------------------------------------------------------- readers
-def _read_npz(path):
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head != _ZIP_MAGIC:
-        raise WeightsError(f"{path} is not an .npz (zip) archive (it starts with {head!r})")
-    try:
-        npz = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise WeightsError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
-    with npz:
-        names = npz.files
-        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in npz.zip.namelist()):
+# Each reader returns {name: array, or None for a name the model does not have (never read)}
+# plus a list of problems found from headers alone (a shape that does not fit, read no further).
+def _read_npz(path, expected):
+    with NpzReader(path, WeightsError, MAX_MEMBER_BYTES, MAX_TOTAL_BYTES, what="parameter") as npz:
+        names = npz.names()
+        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
             raise WeightsError(f"{path} is a torch.save (pickle) file, which cydnn never unpickles; "
                                f"export the state_dict with np.savez(path, **{{k: v.numpy() for k, v in "
                                f"model.state_dict().items()}}) instead")
-        arrays = {}
+        arrays, problems = {}, []
         for name in names:
-            arrays[name] = read_npz_member(npz, name, path, WeightsError, "parameter",
-                                           "an object array, which is never loaded; save numeric arrays")
-    return arrays
+            check_name(name, WeightsError, path)
+            if name not in expected:
+                arrays[name] = None
+                continue
+            shape, _ = npz.header(name)
+            if shape != expected[name]:
+                problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {shape}")
+                arrays[name] = None         # present (not missing), not read
+                continue
+            arrays[name] = npz.read(name, _limit(expected[name]),
+                                    "an object array, which is never loaded; save numeric arrays")
+    return arrays, problems
 
 
-def _read_safetensors(path):
-    st = _safetensors_numpy()
-    try:
-        return dict(st.load_file(path))
-    except Exception as e:          # safetensors raises its own SafetensorError, or TypeError for bf16
-        raise WeightsError(f"{path}: cannot read it as .safetensors ({type(e).__name__}: {e}); "
-                           f"note that numpy has no bfloat16: save float32 tensors") from e
+def _read_safetensors(path, expected):
+    """Read with cydnn's own checked header parser, not safetensors.numpy.load_file: that one reads
+    every tensor at once and, given a name twice, keeps the last; this one refuses duplicates,
+    checks every offset and shape, and reads only the tensors the model has."""
+    header, data_start = read_safetensors_header(path, WeightsError)
+    arrays, problems = {}, []
+    for name, tensor in header.items():
+        check_name(name, WeightsError, path)
+        if name not in expected:
+            arrays[name] = None
+        elif tensor[1] != expected[name]:
+            problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {tensor[1]}")
+            arrays[name] = None             # present (not missing), not read
+        else:
+            arrays[name] = read_safetensors_tensor(path, tensor, data_start)
+    return arrays, problems
 
 
 def _read_folder(path, expected):
-    """name -> flat float array (or an error string), from ``<name>.txt`` / ``<name>.bin`` files."""
+    """name -> flat array (None for a name the model lacks), from ``<name>.txt`` / ``<name>.bin`` files;
+    each file's size is checked against its parameter's before it is read."""
     files = {}
     for entry in sorted(os.listdir(path)):
         stem, ext = os.path.splitext(entry)
         if entry.startswith(".") or ext not in (".txt", ".bin") or not os.path.isfile(os.path.join(path, entry)):
             continue
+        check_name(stem, WeightsError, f"{path}: file {entry!r}")
         if stem in files:
             raise WeightsError(f"{path}: parameter {stem!r} is there twice, as {files[stem]} and {entry}")
         files[stem] = entry
@@ -108,22 +145,25 @@ def _read_folder(path, expected):
             arrays[name] = None         # only its name matters: listed as unexpected
             continue
         file = os.path.join(path, entry)
-        count = int(np.prod(expected[name]))
+        count = math.prod(expected[name])
+        size = os.path.getsize(file)
         if entry.endswith(".bin"):
-            size = os.path.getsize(file)
             if size != 4 * count:
                 raise WeightsError(f"{file}: parameter {name!r}: expected shape {expected[name]} = {count} "
                                    f"float32 values = {4 * count} bytes, got {size} bytes"
                                    + (" (truncated?)" if size < 4 * count else ""))
-            arrays[name] = np.fromfile(file, dtype="<f4")
+            arrays[name] = np.fromfile(file, dtype="<f4", count=count)
         else:
+            if size > MAX_TXT_BYTES_PER_VALUE * count + 4096:
+                raise WeightsError(f"{file}: parameter {name!r}: {size} bytes of text for {count} values "
+                                   f"(at most {MAX_TXT_BYTES_PER_VALUE} a value); refusing to parse it")
             try:
                 with warnings.catch_warnings():         # an empty file warns; its count is checked below
                     warnings.simplefilter("ignore", UserWarning)
                     arrays[name] = np.loadtxt(file, dtype=np.float64, ndmin=1).ravel()
             except ValueError as e:
                 raise WeightsError(f"{file}: parameter {name!r}: not a text file of numbers ({e})") from e
-    return arrays
+    return arrays, []
 
 
 def _detect(path):
@@ -142,18 +182,18 @@ def _detect(path):
 
 
 # ----------------------------------------------------------------- loading
-def _check(arrays, expected, path, strict, folder):
+def _check(arrays, problems, expected, dtypes, path, strict, folder):
     """Every problem with ``arrays`` against ``expected`` shapes, as one WeightsError."""
-    problems = []
+    problems = list(problems)
     missing = [n for n in expected if n not in arrays]
     unexpected = [n for n in arrays if n not in expected]
     if strict and missing:
-        problems.append(f"missing parameters {missing}")
+        problems.insert(0, f"missing parameters {missing}")
     if strict and unexpected:
-        problems.append(f"unexpected parameters {unexpected}")
+        problems.insert(0, f"unexpected parameters {unexpected}")
     state = {}
     for name, value in arrays.items():
-        if name not in expected:
+        if name not in expected or value is None:
             continue
         shape = expected[name]
         kind = value.dtype.kind
@@ -162,9 +202,14 @@ def _check(arrays, expected, path, strict, folder):
             problems.append(f"parameter {name!r} has dtype {value.dtype} ({what}); expected a real "
                             f"floating-point array of shape {shape}")
             continue
+        try:
+            check_lossless(value, WeightsError, f"parameter {name!r}", dtypes[name])
+        except WeightsError as e:
+            problems.append(str(e))
+            continue
         if folder:              # flat files: the element count decides, the shape is the model's
-            if value.size != int(np.prod(shape)):
-                problems.append(f"parameter {name!r}: expected shape {shape} ({int(np.prod(shape))} values), "
+            if value.size != math.prod(shape):
+                problems.append(f"parameter {name!r}: expected shape {shape} ({math.prod(shape)} values), "
                                 f"got {value.size} values")
                 continue
             value = value.reshape(shape)
@@ -177,31 +222,67 @@ def _check(arrays, expected, path, strict, folder):
     return state
 
 
-def load_pytorch_weights(model, path, strict=True):
+def check_normalize(normalize, error, where):
+    """``(mean, std)`` as floats from ``normalize`` (finite, std > 0); ``None`` gives ``(0.0, 1.0)``."""
+    if normalize is None:
+        return 0.0, 1.0
+    try:
+        mean, std = (float(v) for v in normalize)
+    except (TypeError, ValueError) as e:
+        raise error(f"{where}: normalize must be (mean, std) or None, got {normalize!r}") from e
+    if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+        raise error(f"{where}: normalize=(mean, std) needs a finite mean and a finite std > 0, got {normalize!r}")
+    return mean, std
+
+
+def apply_normalize(model, normalize, error, where):
+    """Set the model's input normalisation ``(v - mean) / std`` from ``normalize`` (see check_normalize)."""
+    if normalize is _KEEP:
+        return model
+    mean, std = check_normalize(normalize, error, where)
+    if not (hasattr(model, "mean") and hasattr(model, "std")):
+        raise error(f"{where}: normalize applies to a model that normalises its input (mean, std), such as "
+                    f"cydnn.models.LeNet5; {type(model).__name__} takes its input as it is")
+    model.mean, model.std = mean, std
+    return model
+
+
+def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     """Load a PyTorch state_dict saved without torch into ``model``; returns ``model``.
 
-    ``path``: an ``.npz`` archive (``np.savez``), a ``.safetensors`` file (needs
-    the ``safetensors`` package: ``pip install cydnn[safetensors]``), or a
+    ``path``: an ``.npz`` archive (``np.savez``), a ``.safetensors`` file, or a
     folder with one ``<name>.txt`` (``np.savetxt`` of the flattened tensor) or
     ``<name>.bin`` (raw little-endian float32) per parameter; the form is found
     from the content.  Shapes come from the model (in a folder, only the
     element count is stored).  Everything is read and checked before anything
     changes: missing or unexpected names (with ``strict=True``), a shape or
     count that differs (naming the parameter, the expected and the given
-    shape), a non-real dtype (object, complex, strings) all raise one
-    :class:`WeightsError` listing every problem.  Values are converted to the
-    model's dtype and device; NaN and inf are loaded as they are.
+    shape), a non-real dtype (object, complex, strings), integers the model's
+    dtype cannot hold exactly all raise one :class:`WeightsError` listing every
+    problem.  Values are converted to the model's dtype and device; NaN and inf
+    are loaded as they are.
+
+    Preprocessing: a PyTorch state_dict holds no preprocessing.  A cydnn image
+    model (``LeNet5``) computes ``(x - mean) / std`` on its raw input (after
+    ``input_pad`` zero pixels for classic LeNet-5) before the first layer;
+    ``normalize=(mean, std)`` sets those to what the PyTorch model was trained
+    with, ``normalize=None`` makes the input pass unchanged (mean 0, std 1: the
+    caller normalises), and leaving it out keeps the model's own (LeNet5:
+    0.1307, 0.3081, MNIST's).
+
+    Hostile files: every name is checked (:func:`cydnn._names.check_name`),
+    nothing is unpickled, a member or tensor is read only after its declared
+    shape matched the model's (so a small file cannot make this allocate more
+    than the model's size), and a name given twice is refused.
     """
     path = os.fspath(path)
     form = _detect(path)
     expected = _expected_shapes(model)
-    if form == "folder":
-        arrays = _read_folder(path, expected)
-    elif form == "npz":
-        arrays = _read_npz(path)
-    else:
-        arrays = _read_safetensors(path)
-    state = _check(arrays, expected, path, strict, folder=form == "folder")
+    reader = {"folder": _read_folder, "npz": _read_npz, "safetensors": _read_safetensors}[form]
+    arrays, problems = reader(path, expected)
+    dtypes = {name: dtype for name, (_, dtype) in _expected(model).items()}
+    state = _check(arrays, problems, expected, dtypes, path, strict, folder=form == "folder")
+    apply_normalize(model, normalize, WeightsError, path)     # checked, like the weights, before loading
     model.load_state_dict(state, strict=strict)
     return model
 
@@ -222,10 +303,17 @@ def _replace_file(write, path):
             mode = 0o644
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:      # write(2) errors name no file: name it
+            raise _with_path(e, path) from e
         raise
+
+
+def _with_path(error, path):
+    """``error`` (an OSError from a write) as the same OSError subclass and errno, naming ``path``."""
+    return OSError(error.errno, f"{error.strerror or error} (writing {path})", path)
 
 
 def _is_weight_folder(path):
@@ -247,8 +335,8 @@ def _replace_folder(state, path, ext):
     old = None
     try:
         for name, value in state.items():
-            file = os.path.join(tmp, f"{name}.{ext}")
-            with open(file, "wb") as f:
+            file = child_path(tmp, name, ext, WeightsError, f"export to {path}")
+            with open(file, "xb") as f:
                 if ext == "txt":
                     np.savetxt(f, value.ravel(), fmt="%.9g")   # 9 digits: float32 round-trips exactly
                 else:
@@ -267,8 +355,10 @@ def _replace_folder(state, path, ext):
                 os.rename(old, path)
                 old = None
             raise
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename is None:
+            raise _with_path(e, path) from e
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
@@ -285,12 +375,17 @@ def export_weights(model, path, format="npz"):
     dtype or device.  The write is atomic: a temporary file or folder beside
     ``path`` is filled, then renamed over it, so ``path`` never holds half an
     export; an existing folder is replaced only if it holds nothing but
-    ``*.txt`` / ``*.bin`` files.
+    ``*.txt`` / ``*.bin`` files.  Every parameter name is checked
+    (:func:`cydnn._names.check_name`: dotted identifiers only) before
+    anything is written, so no file lands outside ``path``; a file-system
+    failure (a full disk) is an ``OSError`` with its errno and ``path``.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: expected one of {FORMATS}")
     path = os.fspath(path)
-    state = {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in model.state_dict().items()}
+    # np.array, not np.ascontiguousarray, which makes a 0-d buffer (num_batches_tracked) 1-d
+    state = {check_name(name, WeightsError, f"export to {path}"): np.array(value, dtype=np.float32, order="C")
+             for name, value in model.state_dict().items()}
     if format == "npz":
         def write(tmp):
             with open(tmp, "wb") as f:
@@ -298,7 +393,12 @@ def export_weights(model, path, format="npz"):
         _replace_file(write, path)
     elif format == "safetensors":
         st = _safetensors_numpy()
-        _replace_file(lambda tmp: st.save_file(state, tmp), path)
+        data = st.save(state)           # bytes; written by Python so that a full disk is an OSError
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                f.write(data)
+        _replace_file(write, path)
     else:
         _replace_folder(state, path, format)
     return path

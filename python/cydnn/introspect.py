@@ -34,7 +34,7 @@ def _block(text, start):
 
 def pyx_source(name):
     """The Cython definition ``def name(`` in the shipped _C.pyx / _ops.pxi / _fast.pxi."""
-    files = [p for p in (_PKG / "_C.pyx", _PKG / "_ops.pxi", _PKG / "_fast.pxi") if p.exists()]
+    files = [p for p in (_PKG / "_C.pyx", _PKG / "_ops.pxi", _PKG / "_fast.pxi", _PKG / "_compiled.pxi") if p.exists()]
     for path in files:
         text = path.read_text()
         m = re.search(rf"^(?:cp)?def {re.escape(name)}\(", text, re.M)

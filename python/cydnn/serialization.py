@@ -20,25 +20,25 @@ import json
 import math
 import os
 import tempfile
-import zipfile
 
 import numpy as np
 
+from ._filesafe import NpzReader, describe
+from ._names import check_name
+from .checkpoint_checks import (FORMAT_VERSION, MAX_CLASSES, CheckpointError, check_config,  # noqa: F401
+                                check_format, json_entry)
+
 __all__ = ["FORMAT_VERSION", "CheckpointError", "save", "load", "load_metadata"]
 
-FORMAT_VERSION = 1
 PARAM_PREFIX = "param/"
+_check_config = check_config        # the name other modules' tests probe
 
 #: Largest uncompressed size accepted for one archive member, and for all of them (bytes).
 MAX_MEMBER_BYTES = 1 << 30
 MAX_TOTAL_BYTES = 4 << 30
-#: Largest num_classes a config may ask for.
-MAX_CLASSES = 100_000
+#: Largest uncompressed size of an entry that is not a parameter (config, metadata, format_version).
+MAX_SMALL_ENTRY_BYTES = 1 << 20
 _ZIP_MAGIC = b"PK\x03\x04"
-
-
-class CheckpointError(ValueError):
-    """A file that is not a valid cydnn checkpoint (corrupt, truncated, incomplete, incompatible)."""
 
 
 def _json_default(value):
@@ -114,13 +114,59 @@ def save(model, path, metadata=None):
 
 
 # ---------------------------------------------------------------------- load
-def _read_archive(path, lazy=False):
-    """Every entry of the checkpoint at ``path``, as a dict name -> numpy array.
+#: Room for a member's .npy header beside its data (np.save writes 128 bytes or a little more).
+_NPY_HEADER_ROOM = 1024
+#: The entries that are not parameters, each read (at most MAX_SMALL_ENTRY_BYTES) before the model is built.
+SMALL_ENTRIES = ("format_version", "config", "metadata")
 
-    ``lazy=True`` returns a :class:`_LazyEntries` instead (close it): the small
-    entries are read at once, the parameters only when asked for, each after its
-    declared size was checked against the bound ``load`` sets from the model.
-    """
+
+class _Entries(dict):
+    """The entries of an open checkpoint (an :class:`NpzReader`): the entries that are not
+    parameters read at once (each at most MAX_SMALL_ENTRY_BYTES; names other than SMALL_ENTRIES
+    are read, so that a smuggled pickle is refused, and otherwise ignored), ``param/...`` entries read on first access, each
+    only after its declared size was checked against ``limits[key]`` (set by ``load`` from the
+    model the config built: a member larger than its parameter can be is refused unread)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.limits = path, {}
+        self.npz = NpzReader(path, CheckpointError, MAX_MEMBER_BYTES, MAX_TOTAL_BYTES)
+        try:
+            self._names = self.npz.names()
+            for key in self._names:
+                if key.startswith(PARAM_PREFIX):
+                    check_name(key[len(PARAM_PREFIX):], CheckpointError, f"{path}: entry {key!r}")
+                elif self.npz.infos[key].filename.endswith(".npy"):     # others: refused by _open
+                    self.npz.check_size(key, MAX_SMALL_ENTRY_BYTES)
+                    self[key] = self.npz.read(key, MAX_SMALL_ENTRY_BYTES, _PICKLED)
+        except BaseException:
+            self.npz.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.npz.close()
+
+    def names(self):
+        """Every entry's name, read or not."""
+        return list(self._names)
+
+    def __missing__(self, key):
+        if key not in self._names:
+            raise KeyError(key)
+        limit = self.limits.get(key, MAX_SMALL_ENTRY_BYTES)
+        self.npz.check_size(key, _NPY_HEADER_ROOM + limit)
+        self[key] = self.npz.read(key, limit, _PICKLED)
+        return dict.__getitem__(self, key)
+
+
+_PICKLED = "which a checkpoint never contains; refusing to load it"
+
+
+def _open(path):
+    """The checkpoint at ``path`` as open :class:`_Entries` (close it)."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a directory, not a cydnn checkpoint file")
@@ -129,218 +175,87 @@ def _read_archive(path, lazy=False):
     if not head:
         raise CheckpointError(f"{path} is empty, not a cydnn checkpoint")
     if head != _ZIP_MAGIC:
+        looks = describe(path)
         raise CheckpointError(f"{path} is not a cydnn checkpoint: not an .npz (zip) archive "
-                              f"(it starts with {head!r})")
-    _check_zip_sizes(path)
+                              f"(it starts with {head!r})" + (f"; it looks like {looks}" if looks else ""))
+    entries = _Entries(path)
     try:
-        npz = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
-    if lazy:
-        return _LazyEntries(npz, path)
-    entries = {}
-    with npz:
-        for key in npz.files:
-            entries[key] = read_npz_member(npz, key, path, CheckpointError, "entry",
-                                           "which a checkpoint never contains; refusing to load it")
+        looks = None if "format_version" in entries else describe(path)
+        if looks:                   # a state_dict, a torch.save file: say so, and what loads it
+            check_format(entries, path, looks)
+        for key in entries.names():
+            if not entries.npz.infos[key].filename.endswith(".npy"):
+                raise CheckpointError(f"{path}: entry {key!r} is not a numpy array (.npy) member")
+    except BaseException:
+        entries.npz.close()
+        raise
     return entries
 
 
-#: Largest uncompressed size of an entry that is not a parameter (config, metadata, format_version).
-MAX_SMALL_ENTRY_BYTES = 1 << 20
-
-
-class _LazyEntries(dict):
-    """The entries of an open checkpoint: non-parameter entries read at once (each at most
-    MAX_SMALL_ENTRY_BYTES), ``param/...`` entries read on first access, and only when their
-    declared uncompressed size is within ``limits[key]`` (set by ``load`` from the model
-    the config built: a member larger than its parameter can be is refused unread)."""
-
-    def __init__(self, npz, path):
-        super().__init__()
-        self._npz, self._path, self.limits = npz, path, {}
-        self._infos = {name[:-4] if name.endswith(".npy") else name: info
-                       for name, info in ((i.filename, i) for i in npz.zip.infolist())}
-        try:
-            for key in self._infos:
-                if not key.startswith(PARAM_PREFIX):
-                    self._read(key, MAX_SMALL_ENTRY_BYTES)
-        except BaseException:
-            npz.close()
-            raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._npz.close()
-
-    def names(self):
-        """Every entry's name, read or not."""
-        return list(self._infos)
-
-    def _read(self, key, limit):
-        size = self._infos[key].file_size
-        if size > limit:
-            raise CheckpointError(f"{self._path}: entry {key!r} declares {size} bytes uncompressed, more than "
-                                  f"the {limit} it can need; refusing to read it")
-        self[key] = read_npz_member(self._npz, key, self._path, CheckpointError, "entry",
-                                    "which a checkpoint never contains; refusing to load it")
-        return dict.__getitem__(self, key)
-
-    def __missing__(self, key):
-        if key not in self._infos:
-            raise KeyError(key)
-        return self._read(key, self.limits.get(key, MAX_SMALL_ENTRY_BYTES))
-
-
-def _check_zip_sizes(path):
-    """Refuse an archive whose members declare huge uncompressed sizes, before reading any."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            infos = z.infolist()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        raise CheckpointError(f"{path} is truncated or corrupt: cannot open it as .npz ({e})") from e
-    total = 0
-    for info in infos:
-        if info.file_size > MAX_MEMBER_BYTES:
-            raise CheckpointError(f"{path}: entry {info.filename!r} declares {info.file_size} bytes "
-                                  f"uncompressed, more than the {MAX_MEMBER_BYTES}-byte limit "
-                                  f"(MAX_MEMBER_BYTES); refusing to read it")
-        total += info.file_size
-    if total > MAX_TOTAL_BYTES:
-        raise CheckpointError(f"{path}: its entries declare {total} bytes uncompressed in all, more than "
-                              f"the {MAX_TOTAL_BYTES}-byte limit (MAX_TOTAL_BYTES); refusing to read it")
-
-
-def _check_config(config, path, models):
-    """Check a config's arguments against its class's constructor, before building anything."""
-    import inspect
-    cls = models.ARCHITECTURES[config["arch"]]
-    params = inspect.signature(cls.__init__).parameters
-    known = [n for n in params if n != "self"]
-    args = {k: v for k, v in config.items() if k != "arch"}
-    unknown = sorted(set(args) - set(known))
-    if unknown:
-        raise CheckpointError(f"{path}: cannot build {config['arch']}: config has arguments {unknown} "
-                              f"that {config['arch']} does not take "
-                              f"(it takes {known})")
-    for name, value in args.items():
-        default = params[name].default
-        where = f"{path}: cannot build {config['arch']}: config argument {name}={value!r}"
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise CheckpointError(f"{where} must be true or false")
-        elif isinstance(default, int):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise CheckpointError(f"{where} must be an integer")
-            if value < 0:
-                raise CheckpointError(f"{where} must be >= 0")
-            if name == "num_classes" and not 1 <= value <= MAX_CLASSES:
-                raise CheckpointError(f"{where} must lie in [1, {MAX_CLASSES}] (MAX_CLASSES)")
-            if value >= 2**63:
-                raise CheckpointError(f"{where} is too large")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise CheckpointError(f"{where} must be a finite number")
-            if name == "std" and not value > 0:
-                raise CheckpointError(f"{where} must be > 0")
-
-
-def _json_entry(entries, key, path):
-    if key not in entries:
-        raise CheckpointError(f"{path} is not a complete cydnn checkpoint: missing entry {key!r}; "
-                              f"present: {sorted(entries)}")
-    value = entries[key]
-    if value.shape != () or value.dtype.kind != "U":
-        raise CheckpointError(f"{path}: entry {key!r} should be a unicode scalar (JSON), "
-                              f"got dtype {value.dtype}, shape {value.shape}")
-    try:
-        return json.loads(str(value))
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: entry {key!r} is not valid JSON ({e})") from e
-
-
-def _check_format(entries, path):
-    if "format_version" not in entries:
-        raise CheckpointError(f"{path} is not a complete cydnn checkpoint: missing entry 'format_version'; "
-                              f"present: {sorted(entries)}")
-    version = entries["format_version"]
-    if version.shape != () or version.dtype.kind not in "iu":
-        raise CheckpointError(f"{path}: 'format_version' should be an integer scalar, "
-                              f"got dtype {version.dtype}, shape {version.shape}")
-    if int(version) > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format {int(version)} is newer than this cydnn "
-                              f"reads ({FORMAT_VERSION}); upgrade cydnn")
-
-
 def load_metadata(path):
-    """The metadata dict of the checkpoint at ``path`` (the model is not built)."""
-    entries = _read_archive(path)
-    _check_format(entries, path)
-    return _json_entry(entries, "metadata", path)
+    """The metadata dict of the checkpoint at ``path``, without building the model.
 
-
-def read_npz_member(npz, key, path, error, what, pickled_note):
-    """``npz[key]`` (allow_pickle off), or ``error`` naming the file, the member and what is wrong:
-    pickled objects (never unpickled), truncation or corruption, a member that is not a .npy array."""
-    try:
-        value = npz[key]
-    except ValueError as e:
-        if "allow_pickle" in str(e):
-            raise error(f"{path}: {what} {key!r} holds pickled Python objects, {pickled_note}") from e
-        raise error(f"{path}: {what} {key!r} is corrupt ({e})") from e
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
-        raise error(f"{path}: {what} {key!r} is truncated or corrupt ({e})") from e
-    if not isinstance(value, np.ndarray):    # np.load gives raw bytes for a non-.npy member
-        raise error(f"{path}: {what} {key!r} is not a numpy array (.npy) member")
-    return value
+    ``metadata`` is what :func:`save` stored: ``cydnn_version``, ``created``
+    (UTC, ISO 8601) and the caller's entries (``accuracy``, ``epochs``, ...), as
+    parsed JSON.  Only the small entries are read (each at most
+    ``MAX_SMALL_ENTRY_BYTES``); the parameters are not.  Raises
+    ``FileNotFoundError`` for a missing file and :class:`CheckpointError` for a
+    file that is not a checkpoint (naming what it looks like), a newer format,
+    or a missing or invalid ``metadata`` entry.
+    """
+    with _open(path) as entries:
+        check_format(entries, os.fspath(path))
+        return json_entry(entries, "metadata", os.fspath(path))
 
 
 def load(path, device="cpu"):
     """The model saved at ``path``, rebuilt from its config, weights loaded, on ``device``.
 
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError`
-    for any problem with its content.  The model is returned in training mode
-    (as any new module); ``predict`` switches to eval mode by itself.
+    for any problem with its content; a file that is not a checkpoint (a bare
+    state_dict ``.npz``, a ``.safetensors``, an ``.onnx``, a ``torch.save``
+    file) is named as what it looks like, with the function that loads it.
+    The model is returned in training mode (as any new module); ``predict``
+    switches to eval mode by itself.
 
     Nothing large is read before it is known to be needed: the declared sizes
-    of all members first (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES), then the small
-    entries (each at most MAX_SMALL_ENTRY_BYTES), the config (checked, then
-    built), and only then each parameter, whose member may hold at most its
-    float64 size: a 1 MB file cannot make ``load`` allocate a gigabyte.
+    of all members first (MAX_MEMBER_BYTES, MAX_TOTAL_BYTES; two members of one
+    name are refused), then the small entries (each at most
+    MAX_SMALL_ENTRY_BYTES), the config (bounded JSON, checked, then built), and
+    only then each parameter, whose ``.npy`` header is checked against its
+    member's size and its float64 size in the model before the array is
+    allocated: a 1 MB file cannot make ``load`` allocate a gigabyte (except
+    through a config that asks for a model that large: see docs/reliability.md).
     """
     from . import models
 
-    with _read_archive(path, lazy=True) as entries:
+    with _open(path) as entries:
         return _load(entries, os.fspath(path), device, models)
 
 
 def _load(entries, path, device, models):
-    """``load`` on an open _LazyEntries: format, config, model; then each parameter, read
+    """``load`` on open _Entries: format, config, model; then each parameter, read
     only after the model says how large it may be."""
-    _check_format(entries, path)
-    config = _json_entry(entries, "config", path)
-    if not isinstance(config, dict) or "arch" not in config:
-        raise CheckpointError(f"{path}: 'config' must be a JSON object with an 'arch' key, got {config!r}")
-    if config["arch"] not in models.ARCHITECTURES:
-        raise CheckpointError(f"{path}: unknown architecture {config['arch']!r}; "
-                              f"known: {sorted(models.ARCHITECTURES)}")
-    _check_config(config, path, models)
+    check_format(entries, path)
+    config = json_entry(entries, "config", path)
+    check_config(config, path, models)
     try:
         model = models.build(config)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config}: {e}") from e
+    except (TypeError, ValueError, KeyError, OverflowError, MemoryError) as e:
+        raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config!r:.300}: "
+                              f"{type(e).__name__}: {e}") from e
 
     expected = {name: tuple(v.shape) for name, v in model.state_dict().items()}
-    # A parameter's member holds a header and at most float64 data: a larger one is refused unread.
-    entries.limits.update({PARAM_PREFIX + name: 1024 + math.prod(shape) * 8 for name, shape in expected.items()})
+    # A parameter's member holds at most float64 data: a larger one is refused unallocated.
+    entries.limits.update({PARAM_PREFIX + name: math.prod(shape) * 8 for name, shape in expected.items()})
     names = [key[len(PARAM_PREFIX):] for key in entries.names() if key.startswith(PARAM_PREFIX)]
     missing = sorted(set(expected) - set(names))
     extra = sorted(set(names) - set(expected))
-    stored = {name: entries[PARAM_PREFIX + name] for name in names if name in expected}
-    wrong = sorted(f"{n}: expected {expected[n]}, got {tuple(stored[n].shape)}"
-                   for n in set(stored) & set(expected) if tuple(stored[n].shape) != expected[n])
+    for name in names:
+        if name in expected:
+            entries.npz.check_size(PARAM_PREFIX + name, _NPY_HEADER_ROOM + entries.limits[PARAM_PREFIX + name])
+    shapes = {name: entries.npz.header(PARAM_PREFIX + name)[0] for name in names if name in expected}
+    wrong = sorted(f"{n}: expected {expected[n]}, got {shapes[n]}" for n in shapes if shapes[n] != expected[n])
     if missing or extra or wrong:
         parts = ([f"missing parameters {missing}"] if missing else []) + \
                 ([f"unexpected parameters {extra}"] if extra else []) + \
@@ -348,12 +263,13 @@ def _load(entries, path, device, models):
         raise CheckpointError(f"{path}: weights do not fit {config['arch']}: " + "; ".join(parts))
 
     state = {}
-    for name, value in stored.items():
+    for name in shapes:
+        value = entries[PARAM_PREFIX + name]
         if value.dtype.kind != "f":
             raise CheckpointError(f"{path}: parameter {name!r} has dtype {value.dtype}, expected float32")
         state[name] = value
     try:
         model.load_state_dict(state, strict=True)
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: weights do not fit {config['arch']}: {e}") from e
     return model.to(device)

@@ -1,18 +1,23 @@
-"""Train LeNet-5 on MNIST or Fashion-MNIST from one command.
+"""Train a classifier on MNIST, Fashion-MNIST, CIFAR-10 or your own images from one command.
 
-    python -m cydnn.train                         # MNIST, the defaults below, on the GPU when there is one
+    python -m cydnn.train                         # LeNet-5 on MNIST, on the GPU when there is one
     python -m cydnn.train --device cpu --epochs 1 --limit-train 10000 --json
+    python -m cydnn.train --model smallcnn --dataset fashion-mnist
+    python -m cydnn.train --model smallcnn --data my_images.npz      # 'images' and 'labels'
 
-The defaults (SGD with Nesterov momentum 0.9, lr 0.03 with a cosine schedule
-per step, weight decay 5e-4, batch 32, random shifts of up to 2 pixels, 20
-epochs) reach better than 99.2% test accuracy on
-MNIST -- LeCun et al. (1998) report 0.95% error (99.05%) for LeNet-5.
+Each model has its recipe (``train_cli.RECIPES``); LeNet-5's (SGD with
+Nesterov momentum 0.9, lr 0.03 with a cosine schedule per step, weight decay
+5e-4, batch 32, random shifts of up to 2 pixels, 20 epochs) reaches better
+than 99.2% test accuracy on MNIST -- LeCun et al. (1998) report 0.95% error
+(99.05%) for LeNet-5.
 
 On the GPU the whole dataset is uploaded once and batches are built there
 (``ops.gather_batch``); a training step queues its kernels without waiting for
 the GPU.  Losses and predictions are read back once per epoch.
+
+The command line (parser, recipes, the checks made before anything is loaded)
+is in ``train_cli.py``, the figure in ``train_plot.py``; this module runs the training.
 """
-import argparse
 import functools
 import json
 import math
@@ -23,42 +28,11 @@ import threading
 
 import numpy as np
 
-__all__ = ["main", "train", "build_parser", "TrainingInterrupted"]
+from .train_cli import DATASETS, RECIPES, _check_output_path, build_parser, check_args  # noqa: F401
+from .train_cli import check_model_input, program_name  # noqa: F401
+from .train_plot import make_figure, plot  # noqa: F401
 
-DATASETS = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
-
-
-def build_parser():
-    p = argparse.ArgumentParser(prog="python -m cydnn.train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", choices=sorted(DATASETS), default="mnist")
-    p.add_argument("--data-dir", default=None, help="dataset cache (default: $CYDNN_DATA or ./data)")
-    p.add_argument("--mirror", action="append", default=None, metavar="URL_OR_DIR",
-                   help="where to download from, tried in order (repeatable; replaces the default mirrors)")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 0.03 sgd, 2e-3 adam)")
-    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (Nesterov)")
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--schedule", choices=["cosine", "step", "none"], default="cosine",
-                   help="cosine: to 0 over the run, per step; step: x0.1 every third of the epochs")
-    p.add_argument("--max-shift", type=int, default=2, help="random translation of training images, in pixels")
-    p.add_argument("--classic", action="store_true", help="LeCun's 1998 LeNet-5 (32x32 input, tanh, avg-pool)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--limit-train", type=int, default=None, metavar="N", help="use the first N training images")
-    p.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint (.npz) at the end")
-    p.add_argument("--plot", default=None, metavar="PATH",
-                   help="write loss/accuracy curves and a confusion matrix (PNG; needs matplotlib)")
-    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="on the GPU, train with the compiled step (fused kernels replayed as CUDA graphs; "
-                        "see cydnn.fast); --no-cuda-graph runs the per-op reference loop")
-    p.add_argument("--json", action="store_true", help="print one JSON summary object as the last line")
-    p.add_argument("--traceback", action="store_true",
-                   help="on Ctrl-C or an error, show the Python traceback as well as the one-line message")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p
+__all__ = ["main", "train", "build_parser", "check_args", "plot", "TrainingInterrupted"]
 
 
 def resolve_device(name, log):
@@ -98,59 +72,161 @@ def evaluate(model, loader, num_classes):
     return float(np.trace(confusion) / max(1, confusion.sum())), confusion
 
 
-def train(args, log=None):
-    """Run the training described by parsed ``args``; returns the summary dict."""
-    import cydnn
-    from cydnn import datasets, models, nn, optim
+class Data:
+    """What the training needs of a dataset: the arrays of both splits, the class names, the
+    per-channel statistics, and a name for the messages."""
 
-    log = log or (lambda msg: print(msg, file=sys.stderr))
+    def __init__(self, name, train_images, train_labels, test_images, test_labels, classes, mean, std):
+        self.name, self.classes = name, list(classes)
+        self.train_images, self.train_labels = train_images, train_labels
+        self.test_images, self.test_labels = test_images, test_labels
+        self.shape = (1,) + train_images.shape[1:] if train_images.ndim == 3 else tuple(train_images.shape[1:])
+        self.mean, self.std = _per_channel(mean, self.shape[0]), _per_channel(std, self.shape[0])
+
+    @property
+    def num_classes(self):
+        return len(self.classes)
+
+
+def _per_channel(value, channels):
+    """A dataset's mean or std as the model and the loader take it: a float for one channel, else a tuple."""
+    values = [float(v) for v in np.atleast_1d(np.asarray(value, dtype=np.float64)).ravel()]
+    if len(values) not in (1, channels):
+        raise SystemExit(f"the dataset gives {len(values)} values for its mean or std, not 1 or {channels} "
+                         f"(one per channel)")
+    if channels == 1:
+        return values[0]
+    return tuple(values) if len(values) == channels else tuple(values * channels)
+
+
+def _read_user_data(datasets, path):
+    """An .npz (``images``, ``labels``) or an image folder, through cydnn.datasets."""
+    return datasets.ImageFolder(path) if os.path.isdir(path) else datasets.from_npz(path)
+
+
+def _classes_of(dataset):
+    classes = getattr(dataset, "classes", None)
+    if classes is None or not len(classes):
+        classes = [str(i) for i in range(int(dataset.num_classes))]
+    return list(classes)
+
+
+def load_data(args, log):
+    """The training and test images of ``--dataset`` (downloaded and cached) or ``--data``
+    (with ``--test-data``, or ``--holdout`` of it, split with ``--seed``)."""
+    from cydnn import datasets
+    if args.data is None:
+        cls = getattr(datasets, DATASETS[args.dataset])
+        train_set = cls(root=args.data_dir, train=True, mirrors=args.mirror)
+        test_set = cls(root=args.data_dir, train=False, mirrors=args.mirror)
+        return Data(args.dataset, train_set.images, train_set.labels, test_set.images, test_set.labels,
+                    _classes_of(train_set), train_set.mean, train_set.std)
+    full = _read_user_data(datasets, args.data)
+    images, labels = full.images, np.asarray(full.labels)
+    if args.test_data is not None:
+        test = _read_user_data(datasets, args.test_data)
+        if test.images.shape[1:] != images.shape[1:]:
+            raise SystemExit(f"--test-data {args.test_data} holds images of shape {test.images.shape[1:]}, "
+                             f"--data {args.data} of shape {images.shape[1:]}: they must be alike")
+        classes = _classes_of(full) if len(_classes_of(full)) >= len(_classes_of(test)) else _classes_of(test)
+        return Data(args.data, images, labels, test.images, np.asarray(test.labels), classes, full.mean, full.std)
+    n_test = int(round(args.holdout * len(images)))
+    if n_test < 1 or n_test >= len(images):
+        raise SystemExit(f"--holdout {args.holdout} of the {len(images)} images of {args.data} leaves "
+                         f"{n_test} test and {len(images) - n_test} training images: both need at least one "
+                         f"(or give --test-data)")
+    order = np.random.default_rng(np.random.SeedSequence(args.seed, spawn_key=(2,))).permutation(len(images))
+    test_idx, train_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
+    log(f"holding out {n_test} of the {len(images)} images of {args.data} for testing (--holdout {args.holdout}, "
+        f"seed {args.seed})")
+    return Data(args.data, images[train_idx], labels[train_idx], images[test_idx], labels[test_idx],
+                _classes_of(full), full.mean, full.std)
+
+
+def build_model(args, data):
+    """The model ``--model`` names, for ``data``'s images and classes (on the CPU)."""
+    from cydnn import models
+    check_model_input(args.model, data.shape, data.name)
+    c, h, w = data.shape
+    common = dict(mean=data.mean, std=data.std, seed=args.seed)
+    try:
+        if args.model.startswith("lenet5"):
+            return models.LeNet5(classic=args.model == "lenet5-classic", num_classes=data.num_classes, **common)
+        if args.model == "mlp":
+            return models.MLP(sizes=(c * h * w, 128, data.num_classes), input_shape=data.shape, **common)
+        return models.SmallCNN(in_channels=c, num_classes=data.num_classes, input_size=h, **common)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise SystemExit(f"--model {args.model} cannot be built for {data.name}: {e}") from None
+
+
+def _model_name(model):
+    return type(model).__name__ + ("(classic)" if getattr(model, "classic", False) else "")
+
+
+def train(args, log=None):
+    """Run the training described by parsed ``args``; returns the summary dict.
+
+    ``args`` as :func:`build_parser` parses them; :func:`check_args` completes them (the
+    recipe's defaults) and runs here if it did not already."""
+    import cydnn
+    from cydnn import datasets, nn, optim
+
+    if not getattr(args, "checked", False):
+        check_args(args)
+    quiet = getattr(args, "quiet", False)
+    log = log or ((lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr)))
     device = resolve_device(args.device, log)
 
-    cls = getattr(datasets, DATASETS[args.dataset])
-    train_set = cls(root=args.data_dir, train=True, mirrors=args.mirror)
-    test_set = cls(root=args.data_dir, train=False, mirrors=args.mirror)
-    train_images, train_labels = train_set.images, train_set.labels
+    data = load_data(args, log)
+    train_images, train_labels = data.train_images, data.train_labels
     if args.limit_train is not None:
-        if args.limit_train < 1:
-            raise SystemExit(f"--limit-train must be >= 1, got {args.limit_train}")
         if args.limit_train > len(train_images):
             log(f"--limit-train {args.limit_train} is more than the {len(train_images)} training images: "
                 f"using all of them")
         train_images, train_labels = train_images[:args.limit_train], train_labels[:args.limit_train]
     _note_sizes(args, len(train_images), log)
 
-    model = models.LeNet5(classic=args.classic, num_classes=len(cls.classes), seed=args.seed,
-                          mean=cls.mean, std=cls.std).to(device)
-    common = dict(mean=cls.mean, std=cls.std, pad=model.input_pad, device=device, seed=args.seed)
+    model = build_model(args, data).to(device)
+    recipe = RECIPES[args.model]
+    colour = data.shape[0] > 1
+    max_shift = args.max_shift if args.max_shift is not None else \
+        recipe.get("colour_max_shift", recipe["max_shift"]) if colour else recipe["max_shift"]
+    flip = colour if args.flip is None else args.flip
+    if flip and not colour:
+        raise SystemExit(f"--flip is for colour images; {data.name} is single-channel (a flipped digit is "
+                         f"another digit): use --max-shift")
+    common = dict(mean=data.mean, std=data.std, pad=model.input_pad, device=device, seed=args.seed,
+                  num_classes=data.num_classes)
     train_loader = datasets.DataLoader(train_images, train_labels, batch_size=args.batch_size, shuffle=True,
-                                       max_shift=args.max_shift, **common)
-    test_loader = datasets.DataLoader(test_set.images, test_set.labels, batch_size=1000, shuffle=False,
+                                       max_shift=max_shift, flip=flip, **common)
+    test_loader = datasets.DataLoader(data.test_images, data.test_labels, batch_size=1000, shuffle=False,
                                       max_shift=0, **common)
 
+    lr = recipe["lr"][args.optimizer] if args.lr is None else args.lr
     if args.optimizer == "adam":
-        lr = 2e-3 if args.lr is None else args.lr
         optimizer = optim.Adam(model.parameters(), lr=lr, weight_decay=args.weight_decay)
     else:
-        lr = 0.03 if args.lr is None else args.lr
         optimizer = optim.SGD(model.parameters(), lr=lr, momentum=args.momentum, nesterov=args.momentum > 0,
                               weight_decay=args.weight_decay)
     scheduler, schedule_unit = _lr_schedule(optimizer, args, len(train_loader))
     loss_fn = nn.CrossEntropyLoss()
 
-    log(f"training LeNet-5{' (classic)' if args.classic else ''} on {args.dataset} "
-        f"({len(train_images)} train / {len(test_set)} test images) on {device}"
+    name = "LeNet-5" + (" (classic)" if args.model == "lenet5-classic" else "") if args.model.startswith("lenet5") \
+        else type(model).__name__
+    log(f"training {name} on {data.name} "
+        f"({len(train_images)} train / {len(data.test_images)} test images) on {device}"
         + (f" [{cydnn.cuda.get_device_name()}]" if device == "cuda" else "")
         + f": {args.optimizer} lr {lr:g}, batch {args.batch_size}, {args.epochs} epochs, seed {args.seed}")
 
     progress = None
-    if not args.no_progress:
+    if not (args.no_progress or quiet):
         try:
             from tqdm import tqdm as progress
         except ImportError:  # tqdm is a dependency, but keep training without it
             progress = None
 
-    # The compiled step (cydnn.fast): fused kernels and CUDA graphs on the GPU; the
-    # per-op reference loop on the CPU, with --no-cuda-graph, or for what it can't run.
+    # The compiled step (cydnn.compiler): the whole step one CUDA graph on the GPU (LeNet-5: its fused
+    # kernels); the per-op reference loop on the CPU, with --no-cuda-graph, or for what it can't run.
     compiled = model.compile(optimizer, args.batch_size, loss_fn=loss_fn, cuda_graph=args.cuda_graph,
                              fused=args.cuda_graph)
     info = compiled.info()
@@ -169,13 +245,14 @@ def train(args, log=None):
         train_seconds += seconds
         if schedule_unit == "epoch":
             scheduler.step()
-        test_acc, confusion = evaluate(model, test_loader, len(cls.classes))
+        test_acc, confusion = evaluate(model, test_loader, data.num_classes)
         record = {"epoch": epoch, "loss": loss, "train_accuracy": train_acc, "test_accuracy": test_acc,
                   "seconds": seconds, "images_per_second": len(train_images) / seconds,
                   "lr": optimizer.lr}
         history.append(record)
-        print(f"epoch {epoch:2d}/{args.epochs}  loss {loss:.4f}  train acc {train_acc:.2%}  "
-              f"test acc {test_acc:.2%}  {record['images_per_second']:,.0f} img/s  {seconds:.2f} s", flush=True)
+        if not quiet:
+            print(f"epoch {epoch:2d}/{args.epochs}  loss {loss:.4f}  train acc {train_acc:.2%}  "
+                  f"test acc {test_acc:.2%}  {record['images_per_second']:,.0f} img/s  {seconds:.2f} s", flush=True)
         if not math.isfinite(loss):
             unguard()
             raise SystemExit(f"training diverged at epoch {epoch}/{args.epochs} (loss {loss}); try a smaller "
@@ -188,8 +265,8 @@ def train(args, log=None):
         "train_seconds": train_seconds,
         "seconds_per_epoch": train_seconds / max(1, args.epochs),
         "device": device,
-        "dataset": args.dataset,
-        "model": "LeNet5" + ("(classic)" if args.classic else ""),
+        "dataset": data.name,
+        "model": _model_name(model),
         "optimizer": args.optimizer,
         "lr": lr,
         "batch_size": args.batch_size,
@@ -202,43 +279,9 @@ def train(args, log=None):
         model.save(args.save, metadata={k: v for k, v in summary.items() if k != "history"})
         log(f"saved {args.save}")
     if args.plot:
-        plot(history, confusion if history else None, cls.classes, args.plot)
+        plot(history, confusion if history else None, data.classes, args.plot, title=f"{name} on {data.name}")
         log(f"wrote {args.plot}")
     return summary
-
-
-def plot(history, confusion, classes, path):
-    """Loss and accuracy curves and the last confusion matrix, as one PNG."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'cydnn[plot]'") from None
-    epochs = [h["epoch"] for h in history]
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.5))
-    a1.plot(epochs, [h["loss"] for h in history], marker="o")
-    a1.set(title="training loss", xlabel="epoch", ylabel="cross-entropy")
-    a2.plot(epochs, [100 * h["train_accuracy"] for h in history], marker="o", label="train")
-    a2.plot(epochs, [100 * h["test_accuracy"] for h in history], marker="o", label="test")
-    a2.set(title="accuracy", xlabel="epoch", ylabel="%")
-    a2.legend()
-    if confusion is not None:
-        im = a3.imshow(np.log1p(confusion), cmap="Blues")
-        for i in range(confusion.shape[0]):
-            for j in range(confusion.shape[1]):
-                dark = np.log1p(confusion[i, j]) > 0.6 * np.log1p(confusion.max())
-                a3.text(j, i, str(confusion[i, j]), ha="center", va="center", fontsize=7,
-                        color="white" if dark else "black")
-        a3.set(title="test confusion matrix (log colour)", xlabel="predicted", ylabel="true",
-               xticks=range(len(classes)), yticks=range(len(classes)))
-        fig.colorbar(im, ax=a3)
-    fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    import os
-    os.replace(tmp, path)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -277,37 +320,6 @@ def _note_sizes(args, used, log):
             f"one batch of {used} per epoch")
 
 
-def check_args(args):
-    """Refuse bad values before anything is loaded or trained: SystemExit with one line."""
-    for name in ("epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.limit_train is not None and args.limit_train < 1:
-        raise SystemExit(f"--limit-train must be >= 1, got {args.limit_train}")
-    if args.max_shift < 0:
-        raise SystemExit(f"--max-shift must be >= 0, got {args.max_shift}")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise SystemExit(f"--lr must be a finite number > 0, got {args.lr}")
-    for name in ("momentum", "weight_decay"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise SystemExit(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
-    for option, path in (("--save", args.save), ("--plot", args.plot)):
-        if path:
-            _check_output_path(option, path)
-
-
-def _check_output_path(option, path):
-    """SystemExit with one line when nothing can be written at ``path`` (checked before training)."""
-    if os.path.isdir(path):
-        raise SystemExit(f"{option}: cannot write {path}: it is a directory")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise SystemExit(f"{option}: cannot write {path}: the folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise SystemExit(f"{option}: cannot write {path}: the folder {folder} is not writable")
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -328,8 +340,9 @@ def main(argv=None):
         return 130
     except (OSError, ValueError, RuntimeError) as e:
         from cydnn import CydnnError, datasets, serialization
-        if args.traceback or not isinstance(e, (OSError, datasets.DatasetDownloadError, CydnnError,
-                                                serialization.CheckpointError)):
+        known = (OSError, datasets.DatasetDownloadError, CydnnError, serialization.CheckpointError)
+        known += tuple(getattr(datasets, name) for name in ("DatasetError",) if hasattr(datasets, name))
+        if args.traceback or not isinstance(e, known):
             raise
         print(f"error: {e}", file=sys.stderr)
         return 1

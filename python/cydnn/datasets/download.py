@@ -1,83 +1,55 @@
-"""Download and cache: a missing file is fetched as ``<mirror>/<name>.gz`` from each mirror in
-turn until one gives bytes that pass verification; the cache keeps the decompressed IDX file,
-which gets its final name only once verified (see docs/reliability.md)."""
+"""Download and cache: a missing file is fetched from each mirror in turn until one gives bytes
+that pass verification; the cache keeps the decompressed IDX file, which gets its final name
+(mode 0644) only once verified (see docs/reliability.md).
 
-import gzip
-import hashlib
+What a mirror may hold for a file ``<name>``:
+
+- ``<name>.gz`` (any mirror: http(s)://, file://, a directory path), or
+- the decompressed ``<name>`` itself (local mirrors: a directory path or file://), what many
+  people already have on disk.
+
+Verification (:func:`_accepted`): the SHA-256 of the decompressed data must always match.  For
+the dataset's own default mirrors, which serve the published ``.gz``, its size and SHA-256 (and
+its MD5 where only that is published) must match TOO: both are needed where both are known.  A
+mirror the user names may hold another compression of the same data (or none): its content's
+SHA-256 decides, which is all the cache keeps.
+"""
+
 import os
-import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-import urllib3
-from tqdm import tqdm
-
+from .errors import DatasetCacheError, DatasetDownloadError, _MirrorFailed
 from .idx import _check_idx_header
+from .transfer import (_CHUNK, _copy_local, _download_http, _gunzip, _limits, _md5_file,  # noqa: F401
+                       _sha256_file)
 
-
-_CHUNK = 1 << 20  # bytes read or written at a time (1 MiB)
-
-
-def _limits():
-    """The package, whose tunable limits (``cydnn.datasets.TIMEOUT``, ...) are read at call time,
-    so that assigning to them takes effect."""
-    return sys.modules[__package__]
-
-
-class DatasetDownloadError(RuntimeError):
-    """No mirror gave a file that passed verification.
-
-    ``failures`` is the list of ``(mirror, reason)`` pairs, one per mirror tried,
-    in the order tried; the message lists them too.
-    """
-
-    def __init__(self, dataset, filename, failures):
-        self.dataset = dataset
-        self.filename = filename
-        self.failures = list(failures)
-        lines = [f"could not download {filename}.gz for {dataset} from any mirror:"]
-        lines += [f"  - {mirror}: {reason}" for mirror, reason in self.failures]
-        super().__init__("\n".join(lines))
-
-
-class _MirrorFailed(Exception):
-    """One mirror could not provide one file; the message says why."""
-
-
-class DatasetCacheError(OSError):
-    """The cache folder cannot be written (read-only, disk full, ...): no mirror can fix that.
-
-    ``errno`` is the system's error number; the message names the folder and the file.
-    No partial file is left behind.
-    """
-
-    def __init__(self, path, error):
-        path = os.fspath(path)
-        super().__init__(error.errno, f"cannot write into the dataset cache folder "
-                                      f"{os.path.dirname(path) or '.'!r}: {error.strerror or error} "
-                                      f"(while writing {os.path.basename(path)})")
+#: Mode of the files put in the cache: readable by everyone, as any downloaded dataset.
+CACHE_FILE_MODE = 0o644
 
 
 @dataclass(frozen=True)
 class _FileInfo:
     """What we know about one dataset file, to verify what a mirror sends.
 
-    ``idx_size`` and ``idx_sha256`` describe the decompressed IDX file.
-    ``gz_size`` and ``gz_sha256`` describe the .gz file as the public mirrors
-    publish it (None when unknown).
+    ``idx_size`` and ``idx_sha256`` describe the decompressed IDX file.  ``gz_size`` and
+    ``gz_sha256`` describe the .gz file as the public mirrors publish it, ``gz_md5`` its MD5
+    where that is all its authors publish (None when unknown).
     """
 
     idx_size: int
     idx_sha256: str
     gz_size: int | None = None
     gz_sha256: str | None = None
+    gz_md5: str | None = None
 
+    @property
+    def gz_known(self):
+        return self.gz_sha256 is not None or self.gz_md5 is not None
 
 
 def data_root(root=None):
@@ -92,14 +64,6 @@ def data_root(root=None):
     return Path.cwd() / "data"
 
 
-def _sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # Cached files already verified in this process, keyed by (path, size, mtime):
 # a file that was replaced or modified since gets verified again.
 _verified = set()
@@ -111,7 +75,8 @@ def _verify_key(path):
 
 
 def _cached_file_ok(path, info):
-    """Whether the cached IDX file at ``path`` has the expected SHA-256 (checked once per process)."""
+    """Whether the cached file at ``path`` has the expected size and SHA-256 (hashed once per
+    process, again whenever its size or mtime change)."""
     key = _verify_key(path)
     if key in _verified:
         return True
@@ -139,113 +104,21 @@ def _check_mirror(mirror):
     return mirror
 
 
-def _progress(total, desc):
-    # disable=None hides the bar when stderr is not a terminal (logs, CI, pytest).
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, disable=None, leave=False)
+def _local_dir(mirror):
+    """The directory of a local mirror (a path or a file:// URL), or None for http(s)."""
+    if not _is_url(mirror):
+        return os.path.expanduser(mirror)
+    parts = urllib.parse.urlsplit(mirror)
+    return urllib.request.url2pathname(parts.path) if parts.scheme.lower() == "file" else None
 
 
-def _download_http(url, dest, deadline=None, max_bytes=None):
-    """Stream ``url`` into the file ``dest``; raise _MirrorFailed saying why on any failure.
-
-    ``deadline`` (seconds, default DOWNLOAD_DEADLINE) bounds the whole file, whatever
-    the server does; TIMEOUT bounds each wait for the next bytes.  The deadline is
-    checked after each read, so a download stops at most min(TIMEOUT, deadline)
-    seconds after it.  ``max_bytes`` bounds the body: a larger announced length is
-    refused before reading, a longer stream as soon as it passes the bound (a
-    server that streams without end never fills the disk).
-    """
-    timeout = _limits().TIMEOUT
-    limit = _limits().DOWNLOAD_DEADLINE if deadline is None else deadline
-    stop_at = time.monotonic() + limit
-    received, total = 0, None
-    try:
-        with requests.get(url, stream=True, timeout=(timeout, min(timeout, limit))) as response:
-            if response.status_code != 200:
-                raise _MirrorFailed(f"HTTP {response.status_code} {response.reason} for {url}")
-            ctype = response.headers.get("Content-Type", "")
-            if ctype.split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
-                raise _MirrorFailed(f"{url} answered an HTML page (Content-Type {ctype!r}), "
-                                    f"not a .gz file: probably an error or login page")
-            length = response.headers.get("Content-Length")
-            total = int(length) if length and length.isdigit() else None
-            if max_bytes is not None and total is not None and total > max_bytes:
-                raise _MirrorFailed(f"{url} announces {total} bytes, more than the {max_bytes} this file "
-                                    f"can have; not downloading it")
-            raw = response.raw
-            with open(dest, "wb") as out, _progress(total, url.rsplit("/", 1)[-1]) as bar:
-                while True:
-                    if time.monotonic() > stop_at:
-                        raise _MirrorFailed(f"download deadline of {limit} s passed after {received} "
-                                            f"of {total if total is not None else '?'} bytes from {url} "
-                                            f"(server too slow; see DOWNLOAD_DEADLINE)")
-                    chunk = raw.read1(_CHUNK)       # returns as soon as some bytes came
-                    if not chunk:
-                        break
-                    if max_bytes is not None and received + len(chunk) > max_bytes:
-                        raise _MirrorFailed(f"more than {max_bytes} bytes received from {url}, more than "
-                                            f"this file can have; stopped")
-                    try:
-                        out.write(chunk)
-                    except OSError as e:
-                        raise DatasetCacheError(dest, e) from None
-                    received += len(chunk)
-                    bar.update(len(chunk))
-    except _MirrorFailed:
-        raise
-    except (requests.exceptions.ChunkedEncodingError, urllib3.exceptions.ProtocolError) as e:
-        # What is raised when the connection closes before the announced length.
-        raise _MirrorFailed(f"truncated download: the connection closed after {received} "
-                            f"of {total if total is not None else '?'} bytes from {url} ({e})") from None
-    except (requests.Timeout, urllib3.exceptions.TimeoutError, TimeoutError) as e:
-        raise _MirrorFailed(f"timed out: no data for {min(timeout, limit)} s after {received} bytes "
-                            f"from {url} ({e})") from None
-    except requests.TooManyRedirects as e:
-        raise _MirrorFailed(f"too many redirects (a redirect loop?) for {url} ({e})") from None
-    except requests.ConnectionError as e:
-        raise _MirrorFailed(f"connection failed ({e})") from None
-    except requests.RequestException as e:
-        raise _MirrorFailed(f"request failed ({type(e).__name__}: {e})") from None
-    except urllib3.exceptions.HTTPError as e:
-        raise _MirrorFailed(f"download failed after {received} bytes from {url} "
-                            f"({type(e).__name__}: {e})") from None
-    if total is not None and received != total:  # in case the HTTP layer did not notice
-        raise _MirrorFailed(f"truncated download: got {received} of {total} bytes from {url}")
-
-
-def _copy_local(path, dest, max_bytes=None):
-    """Copy a file from a local mirror into ``dest``; raise _MirrorFailed if that is not possible."""
-    try:
-        if max_bytes is not None and os.path.getsize(path) > max_bytes:
-            raise _MirrorFailed(f"{path} has {os.path.getsize(path)} bytes, more than the {max_bytes} "
-                                f"this file can have")
-        with open(path, "rb") as src, open(dest, "wb") as out, \
-                _progress(os.path.getsize(path), os.path.basename(path)) as bar:
-            for chunk in iter(lambda: src.read(_CHUNK), b""):
-                try:
-                    out.write(chunk)
-                except OSError as e:
-                    raise DatasetCacheError(dest, e) from None
-                bar.update(len(chunk))
-    except (DatasetCacheError, _MirrorFailed):
-        raise
-    except FileNotFoundError:
-        raise _MirrorFailed(f"file not found: {path}") from None
-    except OSError as e:
-        raise _MirrorFailed(f"cannot read {path} ({e})") from None
-
-
-def _fetch_gz(mirror, gz_name, dest, max_bytes=None):
-    """Put ``<mirror>/<gz_name>`` (at most ``max_bytes``) into the file ``dest``, whatever kind of mirror it is."""
-    if _is_url(mirror):
-        parts = urllib.parse.urlsplit(mirror)
-        if parts.scheme.lower() == "file":
-            directory = urllib.request.url2pathname(parts.path)
-            _copy_local(os.path.join(directory, gz_name), dest, max_bytes)
-        else:
-            _download_http(mirror.rstrip("/") + "/" + gz_name, dest, max_bytes=max_bytes)
+def _fetch(mirror, name, dest, max_bytes):
+    """Put ``<mirror>/<name>`` (at most ``max_bytes``) into the file ``dest``."""
+    directory = _local_dir(mirror)
+    if directory is None:
+        _download_http(mirror.rstrip("/") + "/" + name, dest, max_bytes=max_bytes)
     else:
-        _copy_local(os.path.join(os.path.expanduser(mirror), gz_name), dest, max_bytes)
+        _copy_local(os.path.join(directory, name), dest, max_bytes)
 
 
 def _max_gz_size(info):
@@ -255,81 +128,86 @@ def _max_gz_size(info):
     return max(info.gz_size or 0, 2 * info.idx_size + 65536)
 
 
-def _gunzip(src, dest, max_size):
-    """Decompress ``src`` into ``dest`` and return the SHA-256 of what was written.
-
-    Stops with _MirrorFailed if the gzip stream is invalid or truncated, or
-    grows past ``max_size`` bytes (the known size of the file: no need to
-    write a larger one to learn that it is wrong).
-    """
-    digest = hashlib.sha256()
-    written = 0
-    with open(src, "rb") as f:
-        head = f.read(64)
-    if head[:2] != b"\x1f\x8b":
-        if head.lstrip()[:1] == b"<":
-            raise _MirrorFailed(f"not a gzip file but an HTML/XML page (it starts with {head[:40]!r}): "
-                                f"probably an error page served with HTTP 200")
-        raise _MirrorFailed(f"not a gzip file (it starts with {head[:16]!r})")
-    try:
-        with gzip.open(src, "rb") as f, open(dest, "wb") as out:
-            first = True
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                if first:
-                    first = False
-                    try:
-                        _check_idx_header(chunk[:16], "decompressed data")
-                    except ValueError as e:
-                        raise _MirrorFailed(str(e)) from None
-                written += len(chunk)
-                if written > max_size:
-                    raise _MirrorFailed(
-                        f"decompressed data is larger than the expected {max_size} bytes: "
-                        f"refusing it (a gzip bomb or the wrong file)")
-                digest.update(chunk)
-                try:
-                    out.write(chunk)
-                except OSError as e:
-                    raise DatasetCacheError(dest, e) from None
-    except EOFError:
-        raise _MirrorFailed("truncated gzip: the compressed stream ends before its end marker") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise _MirrorFailed(f"corrupt gzip ({e})") from None
-    return digest.hexdigest()
+def _accepted(info, strict, gz_ok, idx_ok):
+    """The rule: the decompressed SHA-256 always; the published .gz too where it is known and
+    the mirror is one that serves it (``strict``)."""
+    if strict and info.gz_known:
+        return gz_ok and idx_ok
+    return idx_ok
 
 
-def _fetch_from_mirror(mirror, filename, info, folder):
+def _gz_matches(info, path):
+    """``(ok, description)``: whether the .gz at ``path`` is the published one."""
+    size = os.path.getsize(path)
+    sha = _sha256_file(path)
+    ok = (info.gz_size is None or size == info.gz_size) and info.gz_known
+    if info.gz_sha256 is not None:
+        ok = ok and sha == info.gz_sha256
+    if info.gz_md5 is not None:
+        md5 = _md5_file(path)
+        ok = ok and md5 == info.gz_md5
+        return ok, (f".gz is {size} bytes with MD5 {md5}, published {info.gz_size} bytes with MD5 "
+                    f"{info.gz_md5}")
+    return ok, (f".gz is {size} bytes with SHA-256 {sha}, published {info.gz_size} bytes with "
+                f"SHA-256 {info.gz_sha256}")
+
+
+def _fetch_from_mirror(mirror, filename, info, folder, strict=False):
     """Download, verify and install ``folder/filename`` from one mirror.
 
-    Steps: download ``<filename>.gz`` to a temporary file; check its size and
-    SHA-256 against the published .gz; decompress to a second temporary file
-    while hashing; accept if either check passed; only then move the IDX file
-    to its final name.  Both temporaries are removed whatever happens.
+    Steps: fetch ``<filename>.gz`` (or, from a local folder that has no .gz, the decompressed
+    ``<filename>``) into a temporary file; decompress into a second temporary while hashing;
+    apply :func:`_accepted`; only then give the IDX file its final name.  Both temporaries are
+    removed whatever happens.
     """
     gz_tmp = _temp_file(folder, filename + ".gz")
     idx_tmp = _temp_file(folder, filename)
     try:
-        _fetch_gz(mirror, filename + ".gz", gz_tmp, _max_gz_size(info))
-
-        gz_size, gz_sha = os.path.getsize(gz_tmp), _sha256_file(gz_tmp)
-        gz_ok = info.gz_sha256 is not None and (gz_size, gz_sha) == (info.gz_size, info.gz_sha256)
-
-        idx_sha = _gunzip(gz_tmp, idx_tmp, max_size=info.idx_size)
+        directory = _local_dir(mirror)
+        from_gz = not (directory is not None and not os.path.exists(os.path.join(directory, filename + ".gz"))
+                       and os.path.isfile(os.path.join(directory, filename)))
+        if not from_gz:
+            _fetch(mirror, filename, idx_tmp, info.idx_size)       # a folder of decompressed files
+            with open(idx_tmp, "rb") as f:
+                try:
+                    _check_idx_header(f.read(16), f"{os.path.join(directory, filename)}")
+                except ValueError as e:
+                    raise _MirrorFailed(str(e)) from None
+            idx_sha = _sha256_file(idx_tmp)
+            gz_ok, gz_note = False, "decompressed file: no .gz to check"
+        else:
+            try:
+                _fetch(mirror, filename + ".gz", gz_tmp, _max_gz_size(info))
+            except _MirrorFailed as e:
+                if directory is not None and str(e).startswith("file not found"):
+                    raise _MirrorFailed(f"{e} (nor the decompressed {filename})") from None
+                raise
+            gz_ok, gz_note = _gz_matches(info, gz_tmp)
+            idx_sha = _gunzip(gz_tmp, idx_tmp, max_size=info.idx_size)
         idx_ok = idx_sha == info.idx_sha256
 
-        if not (gz_ok or idx_ok):
+        if not _accepted(info, strict and from_gz, gz_ok, idx_ok):
             reason = f"checksum mismatch: decompressed SHA-256 {idx_sha}, expected {info.idx_sha256}"
-            if info.gz_sha256 is not None:
-                reason += (f"; .gz is {gz_size} bytes with SHA-256 {gz_sha}, published "
-                           f"{info.gz_size} bytes with SHA-256 {info.gz_sha256}")
+            if idx_ok:
+                reason = "checksum mismatch: the decompressed data is right but the .gz is not the published one"
+            if info.gz_known:
+                reason += f"; {gz_note}"
             raise _MirrorFailed(reason)
-
-        with open(idx_tmp, "rb+") as f:   # on disk before it gets its name
-            os.fsync(f.fileno())
-        os.replace(idx_tmp, folder / filename)  # atomic: the final name appears complete or not at all
+        _install(idx_tmp, folder / filename)
     finally:
         for tmp in (gz_tmp, idx_tmp):
             tmp.unlink(missing_ok=True)
+
+
+def _install(tmp, final):
+    """Give the verified temporary ``tmp`` its final name: synced, mode 0644, atomic rename."""
+    try:
+        with open(tmp, "rb+") as f:   # on disk before it gets its name
+            os.fsync(f.fileno())
+        os.chmod(tmp, CACHE_FILE_MODE)
+        os.replace(tmp, final)        # atomic: the final name appears complete or not at all
+    except OSError as e:
+        raise DatasetCacheError(final, e) from None
 
 
 def _temp_file(folder, name):
@@ -381,15 +259,31 @@ class _FolderLock:
             os.close(self.fd)     # closing releases the flock
 
 
-def _remove_leftovers(folder, filename):
-    """Delete ``.part`` files of ``filename`` left by a killed process (call with the lock held)."""
-    for leftover in Path(folder).glob(f".{filename}.*.part"):
+def _remove_leftovers(folder, name):
+    """Delete ``.part`` files of ``name`` left by a killed process (call with the lock held)."""
+    for leftover in Path(folder).glob(f".{name}.*.part"):
         leftover.unlink(missing_ok=True)
 
 
-def _download(dataset, filename, info, folder, mirrors):
+def offline_hint(cli_dataset, folder, dir_holds, url_holds=None):
+    """The end of the error when every mirror failed: the command that works offline.
+
+    ``cli_dataset`` is the ``--dataset`` value (None for the default); ``dir_holds`` says what a
+    mirror folder must hold, ``url_holds`` what a mirror URL must serve (default: the same).
+    """
+    option = "" if cli_dataset is None else f" --dataset {cli_dataset}"
+    return (f"To train without a network, point to files you already have:\n"
+            f"    python -m cydnn.train{option} --mirror DIR_OR_URL\n"
+            f"where DIR_OR_URL is a folder holding {dir_holds}, or a URL serving "
+            f"{url_holds or dir_holds}.  Or put the verified files in {folder} yourself, or set "
+            f"$CYDNN_DATA to the folder that holds {Path(folder).name}/ (in Python: mirrors=[...], "
+            f"root=...).")
+
+
+def _download(dataset, filename, info, folder, mirrors, strict=(), hint=None):
     """Try each mirror in order; raise DatasetDownloadError listing every failure.
 
+    ``strict`` are the mirrors that serve the published .gz (see :func:`_accepted`).
     A cache folder that cannot be written raises DatasetCacheError at once.
     """
     try:
@@ -404,9 +298,9 @@ def _download(dataset, filename, info, folder, mirrors):
         failures = []
         for mirror in mirrors:
             try:
-                _fetch_from_mirror(mirror, filename, info, folder)
+                _fetch_from_mirror(mirror, filename, info, folder, strict=mirror in strict)
                 _verified.add(_verify_key(path))
                 return
             except _MirrorFailed as e:
                 failures.append((mirror, str(e)))
-        raise DatasetDownloadError(dataset, filename, failures)
+        raise DatasetDownloadError(dataset, filename, failures, hint=hint)

@@ -43,7 +43,7 @@ def read_idx(source):
         data = np.frombuffer(source, dtype=np.uint8)
     else:
         what = f"IDX file {os.fspath(source)!r}"
-        data = np.fromfile(source, dtype=np.uint8)
+        data = _read_idx_file(source, what)
 
     if data.size < 4:
         raise ValueError(f"{what}: only {data.size} bytes, too short for the 4-byte IDX magic number")
@@ -82,6 +82,36 @@ def read_idx(source):
     return array if array.flags.writeable else array.copy()
 
 
+def _read_idx_file(path, what):
+    """The bytes of the IDX file at ``path``, read only after its header and its size agree.
+
+    The header (at most 16 bytes) is read first and checked (:func:`_check_idx_header`:
+    MAX_IDX_BYTES included); the file's size, from ``fstat``, must then be exactly the header
+    plus the declared data, so a file over the limit, or longer than its header says, is
+    refused having read 16 bytes of it.  Short files fall through to :func:`read_idx`'s
+    messages.
+    """
+    with open(path, "rb") as f:
+        head = f.read(16)
+        size = os.fstat(f.fileno()).st_size
+        if len(head) >= 4 and head[:3] == b"\0\0\x08" and head[3] in (1, 3) and len(head) >= 4 + 4 * head[3]:
+            header_size = 4 + 4 * head[3]
+            expected = _check_idx_header(head, what)
+            if size != header_size + expected:
+                raise ValueError(
+                    f"{what}: dimensions {_dims(head)} need {expected} data bytes after the header, but "
+                    f"{size - header_size} follow ({'truncated' if size < header_size + expected else 'trailing bytes'})")
+        elif size > 16:                   # not an IDX header: its first bytes say why, in read_idx
+            return np.frombuffer(head, dtype=np.uint8)
+        f.seek(0)
+        return np.fromfile(f, dtype=np.uint8, count=size)
+
+
+def _dims(head):
+    rank = head[3]
+    return tuple(int.from_bytes(head[4 + 4 * i:8 + 4 * i], "big") for i in range(rank))
+
+
 def _check_idx_dims(dims, what):
     """Bytes of data that IDX dimensions ``dims`` declare; refuses more than MAX_IDX_BYTES."""
     expected = 1
@@ -110,10 +140,15 @@ def _check_pair(images, labels, num_classes, what="dataset"):
     """Check that an images array and a labels array belong together."""
     if images.ndim != 3:
         raise ValueError(f"{what}: images must have shape (N, rows, cols), got {images.shape}")
+    _check_labels(len(images), labels, num_classes, what)
+
+
+def _check_labels(n, labels, num_classes, what="dataset"):
+    """Check labels: shape (n,), values in [0, num_classes)."""
     if labels.ndim != 1:
         raise ValueError(f"{what}: labels must have shape (N,), got {labels.shape}")
-    if len(images) != len(labels):
-        raise ValueError(f"{what}: {len(images)} images but {len(labels)} labels")
+    if n != len(labels):
+        raise ValueError(f"{what}: {n} images but {len(labels)} labels")
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(
             f"{what}: labels must lie in [0, {num_classes}), found values from "

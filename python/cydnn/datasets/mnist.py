@@ -5,7 +5,7 @@ import warnings
 
 import numpy as np
 
-from .download import _FileInfo, _cached_file_ok, _check_mirror, _download, data_root
+from .download import _FileInfo, _cached_file_ok, _check_mirror, _download, data_root, offline_hint
 from .idx import _check_pair, _idx_size, read_idx
 from .loader import DataLoader
 
@@ -30,6 +30,7 @@ class IDXDataset:
     default_mirrors = ()      # base URLs, tried in order
     splits = {}               # "train"/"test" -> (images file, labels file)
     files = {}                # file name -> _FileInfo
+    cli_name = None           # its --dataset value in python -m cydnn.train (None: the default)
 
     def __init__(self, root=None, train=True, download=True, mirrors=None):
         self.train = bool(train)
@@ -60,7 +61,12 @@ class IDXDataset:
                 f"{type(self).__name__}: {filename} is not in {self.folder}. "
                 f"Pass download=True to fetch it (mirrors: {', '.join(map(str, self.mirrors))}), "
                 f"or point root= or $CYDNN_DATA at the folder that holds {self.name}/{filename}.")
-        _download(type(self).__name__, filename, info, self.folder, self.mirrors)
+        names = sorted({n for pair in self.splits.values() for n in pair})
+        gz = ", ".join(f"{n}.gz" for n in names)
+        hint = offline_hint(self.cli_name, self.folder, f"{gz} (or the same files decompressed: the checksums "
+                                                        f"of both are known)", gz)
+        _download(type(self).__name__, filename, info, self.folder, self.mirrors,
+                  strict=set(self.default_mirrors), hint=hint)
         return path
 
     def __len__(self):
@@ -133,11 +139,13 @@ class MNIST(IDXDataset):
 class FashionMNIST(IDXDataset):
     """Zalando's Fashion-MNIST: 28x28 grey images of 10 kinds of clothing, same format as MNIST.
 
-    Zalando publishes only MD5 sums of its .gz files, so downloads are verified
-    by the SHA-256 of the decompressed files alone.
+    Zalando publishes only MD5 sums of its .gz files (README of zalandoresearch/fashion-mnist,
+    the same in torchvision): from the default mirrors, both the .gz's MD5 and the SHA-256 of
+    the decompressed file must match; from a mirror you name, the SHA-256 of the content.
     """
 
     name = "fashion-mnist"
+    cli_name = "fashion-mnist"
     classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
     mean = 0.2860
@@ -150,16 +158,20 @@ class FashionMNIST(IDXDataset):
     files = {
         "train-images-idx3-ubyte": _FileInfo(
             _idx_size(60000, 28, 28),
-            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+            "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            gz_md5="8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
         "train-labels-idx1-ubyte": _FileInfo(
             _idx_size(60000),
-            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+            "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            gz_md5="25c81989df183df01b3e8a0aad5dffbe"),
         "t10k-images-idx3-ubyte": _FileInfo(
             _idx_size(10000, 28, 28),
-            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+            "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            gz_md5="bef4ecab320f06d8554ea6380940ec79"),
         "t10k-labels-idx1-ubyte": _FileInfo(
             _idx_size(10000),
-            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+            "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+            gz_md5="bb300cfdad3c16e7a12a480ee83cd310"),
     }
 
 

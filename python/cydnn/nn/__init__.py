@@ -25,17 +25,28 @@ the input is on their own device.  Parameters are created on the CPU in
 float32 and moved with :meth:`Module.to`.  On the CPU a model can be turned to
 float64 with :meth:`Module.double` (for gradient checks); CUDA is float32 only.
 
-The package has two modules: ``module.py`` (Parameter, Module, Sequential)
-and ``layers.py`` (every layer and the loss).
+Buffers
+-------
+State that is not trained, such as BatchNorm's running statistics, lives in
+*buffers* (:meth:`Module.register_buffer`): saved and loaded by
+``state_dict`` / ``load_state_dict`` and moved by ``.to()``, but not
+parameters, so optimizers never update them.
+
+The package's modules: ``module.py`` (Parameter, Module), ``sequential.py``
+(Sequential), ``layers.py`` (the other layers and the loss) and ``norm.py``
+(BatchNorm1d, BatchNorm2d).
 """
-from .layers import (AvgPool2d, Conv2d, CrossEntropyLoss, Dropout, Flatten, Linear, MaxPool2d, ReLU, Sigmoid,
-                     Tanh)
-from .module import DEVICES, Module, Parameter, Sequential
+from .layers import (AdaptiveAvgPool2d, AvgPool2d, Conv2d, CrossEntropyLoss, Dropout, Flatten, GlobalAvgPool2d,
+                     LeakyReLU, Linear, MaxPool2d, ReLU, Sigmoid, Tanh)
+from .module import DEVICES, Module, Parameter
+from .norm import BatchNorm1d, BatchNorm2d
+from .sequential import Sequential
 
 __all__ = [
     "Parameter", "Module", "Sequential",
-    "Conv2d", "MaxPool2d", "AvgPool2d", "Linear",
-    "ReLU", "Tanh", "Sigmoid", "Flatten", "Dropout",
+    "Conv2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "GlobalAvgPool2d", "Linear",
+    "BatchNorm1d", "BatchNorm2d",
+    "ReLU", "LeakyReLU", "Tanh", "Sigmoid", "Flatten", "Dropout",
     "CrossEntropyLoss",
 ]
 

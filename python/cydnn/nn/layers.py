@@ -1,9 +1,13 @@
-"""The layers: Conv2d and Linear (with weights), ReLU, Tanh, Sigmoid, MaxPool2d, AvgPool2d
-(one op pair each), Flatten, Dropout, and the loss, CrossEntropyLoss."""
+"""The layers: Conv2d and Linear (with weights), ReLU, LeakyReLU, Tanh, Sigmoid, MaxPool2d,
+AvgPool2d, AdaptiveAvgPool2d / GlobalAvgPool2d (one op pair each), Flatten, Dropout, and the
+loss, CrossEntropyLoss.  (Batch normalization is in norm.py.)"""
+import inspect
+
 import numpy as np
 
 from .. import ops
 from ..ops._check import pair
+from ..ops._check_base import _is_int
 from .module import Module, Parameter, _as_rng, _device_of, _saved
 
 
@@ -115,6 +119,10 @@ class _CachedOp(Module):
     """A parameterless layer made of one op pair ``<name>_forward`` / ``<name>_backward``.
 
     forward: ``y, cache = op_forward(x, **kwargs)``; backward: ``op_backward(dy, cache)``.
+    The layer's arguments (``kwargs``) reach the forward only: the op's cache must carry
+    whatever of them the backward needs (leaky_relu's cache is ``(x, negative_slope)``).
+    A backward op that asks for more than ``(dy, cache)`` would silently get its
+    defaults, so it is refused with a TypeError instead.
     """
 
     op = None  # e.g. "relu"
@@ -129,15 +137,40 @@ class _CachedOp(Module):
         return y
 
     def backward(self, dy):
-        return getattr(ops.backend_of(dy), self.op + "_backward")(dy, _saved(self._cache, self))
+        return _backward_op(ops.backend_of(dy), self.op + "_backward")(dy, _saved(self._cache, self))
 
     def extra_repr(self):
         return ", ".join(f"{k}={v}" for k, v in self._kwargs.items())
 
 
+_EXTRA_BACKWARD_ARGS = {}   # backward function -> the parameters it has besides (dy, cache)
+
+
+def _backward_op(backend, name):
+    """``backend.<name>``, checked (once per function) to take nothing but ``(dy, cache)``
+    (and ``need_dx``, which only skips work)."""
+    fn = getattr(backend, name)
+    extra = _EXTRA_BACKWARD_ARGS.get(fn)
+    if extra is None:
+        params = tuple(inspect.signature(fn).parameters)[2:]
+        extra = _EXTRA_BACKWARD_ARGS[fn] = tuple(p for p in params if p != "need_dx")
+    if extra:
+        raise TypeError(f"{backend.__name__}.{name} takes {', '.join(extra)} besides (dy, cache), which a layer "
+                        f"cannot pass: make the forward's cache carry them (docs/architecture.md, adding an op)")
+    return fn
+
+
 class ReLU(_CachedOp):
     """``y = max(x, 0)``; ``dx = dy * (y > 0)``."""
     op = "relu"
+
+
+class LeakyReLU(_CachedOp):
+    """``y = x if x > 0 else negative_slope * x``; ``dx = dy if x > 0 else negative_slope * dy`` (as PyTorch)."""
+    op = "leaky_relu"
+
+    def __init__(self, negative_slope=0.01):
+        super().__init__(negative_slope=negative_slope)
 
 
 class Tanh(_CachedOp):
@@ -176,6 +209,37 @@ class AvgPool2d(_CachedOp):
 
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__(kernel=kernel_size, stride=stride, padding=padding)
+
+
+class AdaptiveAvgPool2d(_CachedOp):
+    """Global average pooling, (N, C, H, W) -> (N, C, 1, 1): each plane's mean (as PyTorch's
+    ``AdaptiveAvgPool2d(1)``; put a Flatten after it for a linear layer).  Backward spreads
+    ``dy / (H W)`` over the plane.  Only ``output_size`` 1 or (1, 1) is supported.
+    """
+    op = "global_avg_pool"
+
+    def __init__(self, output_size):
+        is_one = _is_int(output_size) and int(output_size) == 1
+        is_pair = (isinstance(output_size, (tuple, list)) and len(output_size) == 2
+                   and all(_is_int(v) and int(v) == 1 for v in output_size))
+        if not (is_one or is_pair):
+            raise ValueError(f"{type(self).__name__}: only output_size 1 or (1, 1) (global average pooling) is "
+                             f"supported, got {output_size!r}")
+        super().__init__()
+        self.output_size = (1, 1) if is_pair else 1
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class GlobalAvgPool2d(AdaptiveAvgPool2d):
+    """``AdaptiveAvgPool2d(1)``: (N, C, H, W) -> (N, C, 1, 1), the mean of each plane."""
+
+    def __init__(self):
+        super().__init__(1)
+
+    def extra_repr(self):
+        return ""
 
 
 class Flatten(Module):

@@ -1,5 +1,6 @@
-"""The module system: :class:`Parameter`, :class:`Module` (parameters, children, devices,
-train/eval, state dicts) and :class:`Sequential`; the helpers the layers share."""
+"""The module system: :class:`Parameter` and :class:`Module` (parameters, buffers, children,
+devices, train/eval, state dicts); the helpers the layers share.  (:class:`Sequential` is in
+sequential.py.)"""
 from collections import OrderedDict, namedtuple
 
 import numpy as np
@@ -74,6 +75,12 @@ class Module:
     that ``named_parameters()`` can name every parameter by its path:
     ``fc1.weight``, ``0.bias``, ...  Subclasses call ``super().__init__()``
     first, and implement ``forward(x)`` and ``backward(dy)``.
+
+    *Buffers* (:meth:`register_buffer`) are arrays that belong to the state
+    but are not trained, such as BatchNorm's running statistics: they are in
+    :meth:`state_dict` (after the module's parameters, as PyTorch orders
+    them), loaded by :meth:`load_state_dict` and moved by :meth:`to`, but
+    :meth:`parameters` does not list them, so optimizers never see them.
     """
 
     #: True where ``backward(dy, input_grad=False)`` may skip the input's gradient
@@ -83,6 +90,7 @@ class Module:
     def __init__(self):
         # Set through __dict__ so that __setattr__ below can rely on them.
         self.__dict__["_parameters"] = OrderedDict()
+        self.__dict__["_buffers"] = OrderedDict()
         self.__dict__["_modules"] = OrderedDict()
         self.__dict__["training"] = True
         self.__dict__["_device"] = "cpu"
@@ -96,8 +104,12 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(
                 f"cannot assign {name!r} before Module.__init__() was called")
+        buffers = self.__dict__["_buffers"]
+        if name in buffers and not isinstance(value, (Parameter, Module)):
+            buffers[name] = value       # a registered buffer stays one: its new value (or None)
+            return
         # An attribute is in exactly one place: a registry or the plain __dict__.
-        for table in (self._parameters, self._modules, self.__dict__):
+        for table in (self._parameters, buffers, self._modules, self.__dict__):
             table.pop(name, None)
         if isinstance(value, Parameter):
             self._parameters[name] = value
@@ -108,18 +120,39 @@ class Module:
 
     def __getattr__(self, name):
         # Only called when normal lookup fails: look in the registries.
-        for table in ("_parameters", "_modules"):
+        for table in ("_parameters", "_buffers", "_modules"):
             registry = self.__dict__.get(table)
             if registry is not None and name in registry:
                 return registry[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name):
-        for table in (self._parameters, self._modules):
+        for table in (self._parameters, self._buffers, self._modules):
             if name in table:
                 del table[name]
                 return
         object.__delattr__(self, name)
+
+    def register_buffer(self, name, array):
+        """Register ``array`` (a numpy array, a DeviceArray, or None) as the buffer ``name``.
+
+        A buffer is state that is not trained (BatchNorm's ``running_mean``):
+        it is saved and loaded with the parameters but is not a parameter.
+        ``self.name = new_array`` later replaces its value and keeps it a
+        buffer.  A None buffer is left out of :meth:`state_dict` (as PyTorch).
+        Floating buffers move with :meth:`to` and change dtype with
+        :meth:`double` / :meth:`float`; integer buffers (counters such as
+        ``num_batches_tracked``) stay host numpy arrays, since the host reads them.
+        """
+        if "_buffers" not in self.__dict__:
+            raise AttributeError(f"cannot register buffer {name!r} before Module.__init__() was called")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"register_buffer: the name must be an identifier, got {name!r}")
+        if name in self._parameters or name in self._modules or name in self.__dict__ or hasattr(type(self), name):
+            raise KeyError(f"register_buffer: {type(self).__name__} already has an attribute {name!r}")
+        if array is not None and not all(hasattr(array, attr) for attr in ("shape", "dtype", "reshape")):
+            raise TypeError(f"register_buffer {name!r}: expected an array or None, got {type(array).__name__}")
+        self._buffers[name] = array
 
     # -- running ------------------------------------------------------------
     def forward(self, *args):
@@ -167,6 +200,33 @@ class Module:
         for _, param in self.named_parameters():
             yield param
 
+    def named_buffers(self):
+        """``(dotted name, array)`` for every buffer that is not None, e.g. ``("bn1.running_mean", a)``."""
+        for module_name, module in self.named_modules():
+            for name, array in module._buffers.items():
+                if array is not None:
+                    yield (f"{module_name}.{name}" if module_name else name), array
+
+    def buffers(self):
+        for _, array in self.named_buffers():
+            yield array
+
+    def _named_state(self):
+        """``(dotted name, module, attribute, kind)`` of everything in the state dict, in PyTorch's
+        order: each module's parameters, then its buffers, then its children's (a shared
+        parameter once, under its first name)."""
+        seen = set()
+        for module_name, module in self.named_modules():
+            prefix = f"{module_name}." if module_name else ""
+            for name, param in module._parameters.items():
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+                yield prefix + name, module, name, "parameter"
+            for name, array in module._buffers.items():
+                if array is not None:
+                    yield prefix + name, module, name, "buffer"
+
     # -- modes and gradients --------------------------------------------------
     def train(self, mode=True):
         """Set training mode (``mode=True``) or evaluation mode on every submodule."""
@@ -201,11 +261,11 @@ class Module:
         return np.dtype(np.float32)
 
     def to(self, device):
-        """Move every parameter (and gradient) to ``device``; returns ``self``.
+        """Move every parameter (and gradient) and every floating buffer to ``device``; returns ``self``.
 
         The Parameter objects stay the same, only their ``data``/``grad`` are
         replaced.  Optimizer state is not moved: move the model first, then
-        build the optimizer.
+        build the optimizer.  Integer buffers stay on the host.
         """
         _check_device(device)
         target = ops.backend(device)
@@ -220,6 +280,9 @@ class Module:
             param.data = move(param.data)
             param.grad = move(param.grad)
         for module in self.modules():
+            for name, array in module._buffers.items():
+                if array is not None and np.issubdtype(np.dtype(array.dtype), np.floating):
+                    module._buffers[name] = move(array)
             module._device = device
         return self
 
@@ -230,35 +293,47 @@ class Module:
         for param in self.parameters():
             param.data = param.data.astype(dtype)
             param.grad = None if param.grad is None else param.grad.astype(dtype)
+        for module in self.modules():
+            for name, array in module._buffers.items():
+                if array is not None and np.issubdtype(array.dtype, np.floating):
+                    module._buffers[name] = array.astype(dtype)
         return self
 
     def double(self):
-        """Turn the parameters into float64 (cpu only; for gradient checks). Returns self."""
+        """Turn the parameters and floating buffers into float64 (cpu only; for gradient checks). Returns self."""
         return self._cast(np.float64)
 
     def float(self):
-        """Turn the parameters into float32. Returns self."""
+        """Turn the parameters and floating buffers into float32. Returns self."""
         return self._cast(np.float32)
 
     # -- state ----------------------------------------------------------------
     def state_dict(self):
-        """``OrderedDict`` name -> numpy array: host copies of every parameter."""
-        return OrderedDict(
-            (name, np.array(ops.backend_of(p.data).to_numpy(p.data), copy=True))
-            for name, p in self.named_parameters())
+        """``OrderedDict`` name -> numpy array: host copies of every parameter and buffer.
+
+        Keys as PyTorch names and orders them: ``conv1.weight``, ``bn1.weight``,
+        ``bn1.bias``, ``bn1.running_mean``, ``bn1.running_var``,
+        ``bn1.num_batches_tracked`` (an int64 0-d array), ...
+        """
+        state = OrderedDict()
+        for name, module, attr, kind in self._named_state():
+            value = module._parameters[attr].data if kind == "parameter" else module._buffers[attr]
+            state[name] = np.array(ops.backend_of(value).to_numpy(value), copy=True)
+        return state
 
     def load_state_dict(self, state_dict, strict=True):
-        """Copy values from ``state_dict`` (name -> array) into the parameters.
+        """Copy values from ``state_dict`` (name -> array) into the parameters and buffers.
 
-        Values are converted to each parameter's dtype and device.  With
-        ``strict=True`` the keys must match exactly; a missing or unexpected
-        key raises ``ValueError`` naming it; a shape mismatch always raises
-        ``ValueError`` naming the key and both shapes.  Everything is checked
-        before anything is changed.  Returns ``(missing_keys, unexpected_keys)``.
+        Values are converted to each entry's dtype and device (an int64
+        ``num_batches_tracked`` stays int64).  With ``strict=True`` the keys
+        must match exactly; a missing or unexpected key raises ``ValueError``
+        naming it; a shape mismatch always raises ``ValueError`` naming the key
+        and both shapes.  Everything is checked before anything is changed.
+        Returns ``(missing_keys, unexpected_keys)``.
         """
-        params = OrderedDict(self.named_parameters())
-        missing = [name for name in params if name not in state_dict]
-        unexpected = [name for name in state_dict if name not in params]
+        entries = OrderedDict((name, (module, attr, kind)) for name, module, attr, kind in self._named_state())
+        missing = [name for name in entries if name not in state_dict]
+        unexpected = [name for name in state_dict if name not in entries]
         if strict and (missing or unexpected):
             parts = []
             if missing:
@@ -268,24 +343,29 @@ class Module:
             raise ValueError(f"load_state_dict for {type(self).__name__}: " + "; ".join(parts))
 
         new_values = {}
-        for name, param in params.items():
+        for name, (module, attr, kind) in entries.items():
             if name not in state_dict:
                 continue
+            current = module._parameters[attr].data if kind == "parameter" else module._buffers[attr]
+            shape, dtype = tuple(int(d) for d in current.shape), np.dtype(current.dtype)
             value = state_dict[name]
             if _device_of(value) != "cpu":      # a DeviceArray: bring it to the host
                 value = ops.backend_of(value).to_numpy(value)
             value = np.asarray(value)
-            if value.shape != param.shape:
-                raise ValueError(f"shape mismatch for key {name!r}: expected {param.shape}, "
-                                 f"got {value.shape}")
+            if value.shape != shape:
+                raise ValueError(f"shape mismatch for key {name!r}: expected {shape}, got {value.shape}")
             if not (np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer)):
                 raise TypeError(f"key {name!r}: expected a numeric array, got dtype {value.dtype}")
             # A copy, so that the module never aliases the caller's array.
-            new_values[name] = np.array(value, dtype=param.dtype, copy=True)
+            new_values[name] = (np.array(value, dtype=dtype, copy=True), _device_of(current))
 
-        backend = ops.backend(self.device)
-        for name, value in new_values.items():
-            params[name].data = backend.asarray(value)
+        for name, (value, device) in new_values.items():
+            module, attr, kind = entries[name]
+            value = ops.backend(device).asarray(value)
+            if kind == "parameter":
+                module._parameters[attr].data = value
+            else:
+                module._buffers[attr] = value
         return LoadResult(missing, unexpected)
 
     # -- printing -------------------------------------------------------------
@@ -299,53 +379,3 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
-
-
-class Sequential(Module):
-    """Modules applied one after the other; backward runs them in reverse.
-
-    ``Sequential(a, b, c)`` names its children ``"0"``, ``"1"``, ``"2"`` (so
-    parameters are ``0.weight``, ...); ``Sequential(OrderedDict(conv1=..., ...))``
-    uses the dictionary's names.
-    """
-
-    def __init__(self, *modules):
-        super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
-            named = modules[0].items()
-        else:
-            named = ((str(i), module) for i, module in enumerate(modules))
-        for name, module in named:
-            if not isinstance(module, Module):
-                raise TypeError(f"Sequential child {name!r} is not a Module: {type(module).__name__}")
-            setattr(self, name, module)
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-    def __getitem__(self, index):
-        return list(self._modules.values())[index]
-
-    def forward(self, x):
-        for module in self._modules.values():
-            x = module(x)
-        return x
-
-    def backward(self, dy, input_grad=True):
-        """Run every child's backward in reverse; returns dLoss/d(input).
-
-        ``input_grad=False`` (training, where the input is data) lets the first
-        layer skip the gradient of its input -- for a first Conv2d that is the
-        costliest part of its backward -- and returns None.
-        """
-        modules = list(self._modules.values())
-        for i, module in enumerate(reversed(modules)):
-            if i == len(modules) - 1 and not input_grad and module.can_skip_input_grad:
-                return module.backward(dy, input_grad=False)
-            dy = module.backward(dy)
-        return dy
-
-

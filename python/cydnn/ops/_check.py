@@ -22,7 +22,8 @@ module ``(np.float32,)``.  Checks return the derived geometry so that callers
 do not recompute it.
 
 The building blocks (array, dtype and number checks, ``pair``) are in
-``_check_base.py``; this file has one check per op family.
+``_check_base.py``; this file has one check per op family (batch
+normalization's, the longest, is in ``_check_norm.py`` and re-exported here).
 """
 import math
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from ._check_base import (_array, _int, _integer_array, _is_array, _number, _same_dtype, _seed, _shape, _shapes,
                           _type_name, pair)
+from ._check_norm import check_batch_norm
 
 __all__ = [
     "pair",
@@ -37,6 +39,9 @@ __all__ = [
     "check_pool",
     "check_linear",
     "check_elementwise",
+    "check_leaky_relu",
+    "check_batch_norm",
+    "check_global_avg_pool",
     "check_same_shape",
     "check_flatten",
     "check_softmax",
@@ -155,6 +160,19 @@ def check_elementwise(op, x, allowed_dtypes):
     """Validate the input of an elementwise op (any rank, non-empty); return ``count`` (elements)."""
     _array(op, "x", x, allowed_dtypes)
     return math.prod(_shape(x))
+
+
+def check_leaky_relu(x, negative_slope, allowed_dtypes):
+    """Validate ``leaky_relu_forward``: x of any rank; return ``negative_slope`` as a finite Python float."""
+    op = "leaky_relu_forward"
+    _array(op, "x", x, allowed_dtypes)
+    return _number(op, "negative_slope", negative_slope)
+
+
+def check_global_avg_pool(x, allowed_dtypes):
+    """Validate ``global_avg_pool_forward``: x (n, c, h, w); return ``(n, c, h, w)``."""
+    _array("global_avg_pool_forward", "x", x, allowed_dtypes, 4, "(n, c, h, w)")
+    return _shape(x)
 
 
 def check_same_shape(op, name_a, a, name_b, b, dtype=None):

@@ -7,6 +7,9 @@ Each op follows one path, which a reader can trace end to end::
         -> cydnn_conv_forward           (cpp/conv.cu) cached descriptors and algorithm
           -> cudnnConvolutionForward    cuDNN, on the context's stream
 
+The helpers every op shares (numpy in, numpy out) are in ``_cuda_base.py``; the batch
+normalization ops, the longest, in ``cuda_norm.py`` (re-exported here).
+
 Inputs may be ``DeviceArray``s or numpy arrays.  numpy inputs are copied to
 the GPU and the results copied back, so an op returns the kind it was given
 (decided by its main input: ``x`` for forwards, ``dy`` for backwards).  With
@@ -18,17 +21,19 @@ import numpy as np
 
 from cydnn import _C
 from cydnn.ops import _check
-
-F32 = (np.float32,)
+from cydnn.ops._cuda_base import F32, _dev, _on_host, _opt, _ret
+from cydnn.ops.cuda_norm import batch_norm_backward, batch_norm_forward
 
 __all__ = [
     "asarray", "to_numpy", "empty", "zeros", "zeros_like",
     "conv_forward", "conv_backward", "max_pool_forward", "max_pool_backward",
-    "avg_pool_forward", "avg_pool_backward", "relu_forward", "relu_backward",
+    "avg_pool_forward", "avg_pool_backward", "global_avg_pool_forward", "global_avg_pool_backward",
+    "relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward",
+    "batch_norm_forward", "batch_norm_backward",
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy", "flatten",
-    "sgd_update", "adam_update", "gather_batch", "fused_mlp_forward",
+    "sgd_update", "adam_update", "gather_batch", "gather_batch_chw", "fused_mlp_forward",
 ]
 
 
@@ -57,24 +62,6 @@ def zeros(shape, dtype="float32"):
 
 def zeros_like(a):
     return _C.zeros(a.shape, a.dtype)
-
-
-def _on_host(a):
-    return not isinstance(a, _C.DeviceArray)
-
-
-def _dev(a):
-    return a if isinstance(a, _C.DeviceArray) else _C.to_device(a)
-
-
-def _opt(a):
-    return None if a is None else _dev(a)
-
-
-def _ret(host, *arrays):
-    """Return arrays as numpy when the caller gave numpy (None stays None)."""
-    out = tuple(a.numpy() if host and a is not None else a for a in arrays)
-    return out if len(out) > 1 else out[0]
 
 
 # ------------------------------------------------------------- convolution
@@ -145,6 +132,22 @@ def avg_pool_backward(dy, cache):
     return _pool_backward("avg_pool_backward", _C.avg_pool_backward, dy, cache)
 
 
+def global_avg_pool_forward(x):
+    """y (n, c, 1, 1) = the mean of each (h, w) plane: cuDNN average pooling with the whole plane as its window.
+
+    cuDNN rather than a kernel of our own: the pooling plans (descriptors per shape) and the
+    C path are already there and tested, and a full-plane window is an ordinary geometry for it.
+    The cache is the pooling's (x, y and the geometry), which cuDNN's backward reads.
+    """
+    _, _, h, w = _check.check_global_avg_pool(x, F32)
+    return _pool_forward("global_avg_pool_forward", _C.avg_pool_forward, x, (h, w), (h, w), 0)
+
+
+def global_avg_pool_backward(dy, cache):
+    """dx: dy / (h w) over the whole plane; cuDNN average-pooling backward."""
+    return _pool_backward("global_avg_pool_backward", _C.avg_pool_backward, dy, cache)
+
+
 # ------------------------------------------------------------- activations
 def _activation_forward(op, kernel, x):
     _check.check_elementwise(op, x, F32)
@@ -172,6 +175,27 @@ def relu_forward(x):
 def relu_backward(dy, cache):
     """dx = dy where y > 0, else 0."""
     return _activation_backward("relu_backward", _C.relu_backward, dy, cache)
+
+
+def leaky_relu_forward(x, negative_slope=0.01):
+    """y = x if x > 0 else negative_slope * x; a custom kernel.  The cache is (x, negative_slope)."""
+    slope = _check.check_leaky_relu(x, negative_slope, F32)
+    host = _on_host(x)
+    x = _dev(x)
+    y = _C.empty(x.shape)
+    _C.leaky_relu_forward(x, y, slope)
+    return _ret(host, y), (x, slope)
+
+
+def leaky_relu_backward(dy, cache):
+    """dx = dy if x > 0 else negative_slope * dy (the slope from the cache)."""
+    x, slope = cache
+    _check.check_same_shape("leaky_relu_backward", "dy", dy, "x", x.shape, np.float32)
+    host = _on_host(dy)
+    dy = _dev(dy)
+    dx = _C.empty(x.shape)
+    _C.leaky_relu_backward(x, dy, dx, slope)
+    return _ret(host, dx)
 
 
 def tanh_forward(x):
@@ -349,6 +373,31 @@ def gather_batch(images, labels, indices, mean, std, pad=0, max_shift=0, seed=0)
     x = _C.empty(out_shape)
     y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
     _C.gather_batch(images, labels, indices, mean, std, int(pad), int(max_shift), seed, x, y)
+    return _ret(host, x, y)
+
+
+def gather_batch_chw(images, labels, indices, mean, std, pad=0, max_shift=0, flip=False, seed=0):
+    """A batch from uint8 images (N, C, H, W) kept on the GPU: gathered, flipped, shifted, padded,
+    normalised per channel (cpp/data.cu); twin and checks: ``ops.cpu.data.gather_batch_chw``.
+
+    Indices as in :func:`gather_batch`: numpy indices are range-checked here, device indices
+    are trusted to come from a checked producer (the kernel still never reads outside).
+    """
+    from cydnn.ops.cpu.data import check_gather_batch_chw
+    out_shape, mean, std, seed = check_gather_batch_chw(images, labels, indices, mean, std, pad, max_shift,
+                                                        flip, seed)
+    host = _on_host(images)
+    if not isinstance(indices, _C.DeviceArray):
+        indices = np.asarray(indices)
+        _check.check_index_values("gather_batch_chw", "indices", indices, images.shape[0], images=images,
+                                  indices=indices)
+        indices = indices.astype(np.int32, copy=False)
+    if labels is not None and not isinstance(labels, _C.DeviceArray):
+        labels = np.asarray(labels).astype(np.int32, copy=False)
+    images, labels, indices = _dev(images), _opt(labels), _dev(indices)
+    x = _C.empty(out_shape)
+    y = _C.empty((out_shape[0],), np.int32) if labels is not None else None
+    _C.gather_batch_chw(images, labels, indices, mean, std, int(pad), int(max_shift), bool(flip), seed, x, y)
     return _ret(host, x, y)
 
 

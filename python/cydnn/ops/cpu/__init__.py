@@ -9,7 +9,8 @@ whole interface:
     arrays.py       asarray, to_numpy, empty, zeros, zeros_like
     conv.py         conv_forward / conv_backward (im2col + one matrix product per batch)
     pool.py         max_pool_* / avg_pool_*
-    elementwise.py  relu_*, tanh_*, sigmoid_*, dropout_*, splitmix64
+    elementwise.py  relu_*, leaky_relu_*, tanh_*, sigmoid_*, dropout_*, splitmix64
+    norm.py         batch_norm_*, global_avg_pool_* (reductions over a channel's values)
     dense.py        linear_*, softmax, log_softmax, softmax_cross_entropy, flatten
     updates.py      sgd_update, adam_update
     data.py         gather_batch
@@ -24,7 +25,11 @@ Conventions
     - Inputs are float32 or float64 numpy arrays; every op computes in its
       input's dtype (float64 lets tests check gradients by finite differences).
     - Every ``*_forward`` returns ``(y, cache)``; the matching ``*_backward``
-      takes ``(dy, cache)``.  The cache is private to this package.
+      takes ``(dy, cache)`` and nothing else of the forward's: the cache
+      carries every argument the backward needs (leaky_relu's slope, batch
+      norm's eps and mode), so a layer can never pass the wrong one.  (A
+      ``need_dx`` flag, which only skips work, is the one extra argument.)
+      The cache is private to this package.
     - ``kernel`` / ``stride`` / ``padding`` are an int or an (h, w) pair.
     - Arguments are validated first by ``cydnn.ops._check`` (shared with the
       GPU module), so errors read the same on both devices.
@@ -44,11 +49,12 @@ Speed
 from ..fused_cpu import fused_mlp_forward
 from .arrays import asarray, empty, to_numpy, zeros, zeros_like
 from .conv import conv_backward, conv_forward
-from .data import gather_batch
+from .data import gather_batch, gather_batch_chw
 from .dense import flatten, linear_backward, linear_forward, log_softmax, softmax, softmax_cross_entropy
+from .elementwise import (dropout_backward, dropout_forward, leaky_relu_backward, leaky_relu_forward, relu_backward,
+                          relu_forward, sigmoid_backward, sigmoid_forward, splitmix64, tanh_backward, tanh_forward)
 from .kernels import get_kernels, kernels_available, set_kernels, use_kernels
-from .elementwise import (dropout_backward, dropout_forward, relu_backward, relu_forward, sigmoid_backward,
-                          sigmoid_forward, splitmix64, tanh_backward, tanh_forward)
+from .norm import batch_norm_backward, batch_norm_forward, global_avg_pool_backward, global_avg_pool_forward
 from .pool import avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward
 from .updates import adam_update, sgd_update
 
@@ -58,6 +64,9 @@ __all__ = [
     "max_pool_forward", "max_pool_backward",
     "avg_pool_forward", "avg_pool_backward",
     "relu_forward", "relu_backward",
+    "leaky_relu_forward", "leaky_relu_backward",
+    "batch_norm_forward", "batch_norm_backward",
+    "global_avg_pool_forward", "global_avg_pool_backward",
     "tanh_forward", "tanh_backward",
     "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "splitmix64", "fused_mlp_forward",
@@ -65,6 +74,6 @@ __all__ = [
     "softmax", "log_softmax", "softmax_cross_entropy",
     "flatten",
     "sgd_update", "adam_update",
-    "gather_batch",
+    "gather_batch", "gather_batch_chw",
     "set_kernels", "get_kernels", "kernels_available", "use_kernels",
 ]

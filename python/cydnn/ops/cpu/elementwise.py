@@ -5,7 +5,7 @@ from .. import _check
 from . import _fast_elementwise
 from .arrays import FLOATS as _FLOATS
 
-__all__ = ["relu_forward", "relu_backward", "tanh_forward", "tanh_backward", "sigmoid_forward",
+__all__ = ["relu_forward", "relu_backward", "leaky_relu_forward", "leaky_relu_backward", "tanh_forward", "tanh_backward", "sigmoid_forward",
            "sigmoid_backward", "splitmix64", "counter_hash", "dropout_forward", "dropout_backward"]
 
 
@@ -26,6 +26,24 @@ def relu_backward(dy, cache):
     if _fast_elementwise.compiled() is not None:
         return _fast_elementwise.relu_backward(dy, y)
     return dy * (y > 0)
+
+
+def leaky_relu_forward(x, negative_slope=0.01):
+    """``y = x if x > 0 else negative_slope * x`` (as PyTorch's LeakyReLU).
+
+    The cache is ``(x, negative_slope)``: the backward needs x (not y, since
+    the slope may be 0 or negative) and the slope, and gets both from the
+    cache, so that ``leaky_relu_backward(dy, cache)`` needs no other argument.
+    """
+    slope = _check.check_leaky_relu(x, negative_slope, _FLOATS)
+    return np.where(x > 0, x, x.dtype.type(slope) * x), (x, slope)
+
+
+def leaky_relu_backward(dy, cache):
+    """``dx = dy if x > 0 else negative_slope * dy``."""
+    x, slope = cache
+    _check.check_same_shape("leaky_relu_backward", "dy", dy, "x", x)
+    return np.where(x > 0, dy, dy.dtype.type(slope) * dy)
 
 
 def tanh_forward(x):

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""The compiler on a zoo of networks, against PyTorch on the same GPU in the same run (fp32, TF32 off).
+
+    python3 benchmarks/bench_zoo.py [--models lenet5,mlp_small] [--batches 32,64,256] [--json out.json]
+
+For each network:
+- a training step (forward, cross-entropy, backward, SGD momentum update; batch on the
+  GPU) at each batch size: cydnn compiled (``cydnn.compile``), cydnn per-op (the
+  reference path), PyTorch eager, PyTorch with the whole step captured in a CUDA graph;
+- numpy inference (``cydnn.compile(model, input_shape, softmax=True)``; PyTorch:
+  upload, model, softmax, download): one image p50/p99, and 10,000 images;
+- peak GPU memory of the compiled training run (cydnn's pool) and of PyTorch's;
+- the largest difference of the logits, and of the parameters after 20 steps, between
+  the compiled path and the per-op path (same initial weights, same batches);
+- compile time (plan + capture of the training step and of the one-image inference).
+Times: host clock around many steps with a device synchronisation at both ends, the
+median of ``--repeats`` runs.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import cydnn
+from cydnn import nn, ops, optim
+
+
+def zoo():
+    """name -> (builder(rng) -> nn.Sequential, input shape, PyTorch builder)."""
+    def lenet(c1=6, c2=16, fc=120, classic=False):
+        act, pool = (nn.Tanh, nn.AvgPool2d) if classic else (nn.ReLU, nn.MaxPool2d)
+        flat = c2 * (25 if classic else 16)
+        layers = [nn.Conv2d(1, c1, 5), act(), pool(2), nn.Conv2d(c1, c2, 5), act(), pool(2), nn.Flatten(),
+                  nn.Linear(flat, fc), act()]
+        layers += [nn.Linear(fc, 84), act(), nn.Linear(84, 10)] if fc == 120 else [nn.Linear(fc, 10)]
+        return layers, ((1, 32, 32) if classic else (1, 28, 28))
+
+    def mlp(sizes):
+        layers = [nn.Flatten()]
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        return layers, (1, 28, 28)
+
+    def cnn32():
+        return ([nn.Conv2d(3, 24, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                 nn.Conv2d(24, 48, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                 nn.Conv2d(48, 96, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                 nn.Linear(1536, 128), nn.ReLU(), nn.Linear(128, 10)], (3, 32, 32))
+
+    def allconv():
+        return ([nn.Conv2d(1, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2, padding=1),
+                 nn.ReLU(), nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten(),
+                 nn.Linear(128 * 16, 10)], (1, 28, 28))
+
+    def smallcnn_bn():
+        layers, c = [], 1
+        for w in (32, 64, 128):
+            layers += [nn.Conv2d(c, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+                       nn.Conv2d(w, w, 3, padding=1, bias=False), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2)]
+            c = w
+        return layers + [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)], (1, 28, 28)
+
+    return {
+        "lenet5": lambda: lenet(),
+        "lenet5_classic": lambda: lenet(classic=True),
+        "lenet5_16_32_fc512": lambda: lenet(16, 32, 512),
+        "mlp_784_1024_1024_10": lambda: mlp((784, 1024, 1024, 10)),
+        "mlp_784_128_10": lambda: mlp((784, 128, 10)),
+        "cnn32_24_48_96": cnn32,
+        "allconv_stride2": allconv,
+        "smallcnn_bn": smallcnn_bn,
+    }
+
+
+def build(name, seed=0):
+    layers, shape = zoo()[name]()
+    rng = np.random.default_rng(seed)
+    for m in layers:                                   # same initial weights every time
+        for k, p in m._parameters.items():
+            if p is not None and type(m).__name__ in ("Conv2d", "Linear"):
+                p.data = rng.uniform(-0.1, 0.1, p.shape).astype(np.float32)
+    return nn.Sequential(*layers), shape
+
+
+def torch_twin(model):
+    import torch
+    tnn = torch.nn
+    mods = []
+    for m in model:
+        kind = type(m).__name__
+        if kind == "Conv2d":
+            t = tnn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, stride=m.stride, padding=m.padding,
+                           bias=m.bias is not None)
+        elif kind in ("BatchNorm2d", "BatchNorm1d"):
+            t = getattr(tnn, kind)(m.num_features, eps=m.eps, momentum=m.momentum)
+        elif kind == "AdaptiveAvgPool2d":
+            t = tnn.AdaptiveAvgPool2d(1)
+        elif kind == "Linear":
+            t = tnn.Linear(m.in_features, m.out_features)
+        elif kind in ("MaxPool2d", "AvgPool2d"):
+            t = getattr(tnn, kind)(m._kwargs["kernel"], m._kwargs["stride"], m._kwargs["padding"])
+        else:
+            t = getattr(tnn, kind)()
+        if kind in ("Conv2d", "Linear", "BatchNorm2d", "BatchNorm1d"):
+            with torch.no_grad():
+                t.weight.copy_(torch.from_numpy(ops.cuda.to_numpy(m.weight.data)))
+                if m.bias is not None:
+                    t.bias.copy_(torch.from_numpy(ops.cuda.to_numpy(m.bias.data)))
+        mods.append(t)
+    return tnn.Sequential(*mods).cuda()
+
+
+def timed(step, sync, steps, repeats):
+    for _ in range(10):
+        step()
+    sync()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        out.append((time.perf_counter() - t0) / steps)
+    return statistics.median(out) * 1e6
+
+
+def latencies(fn, calls=500, warmup=100):
+    for _ in range(warmup):
+        fn()
+    t = np.empty(calls)
+    for i in range(calls):
+        s = time.perf_counter()
+        fn()
+        t[i] = time.perf_counter() - s
+    return float(np.percentile(t, 50) * 1e6), float(np.percentile(t, 99) * 1e6)
+
+
+def cydnn_train(name, batch, steps, repeats, compiled):
+    model, shape = build(name)
+    model.to("cuda")
+    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(1)
+    x = cydnn.to_device(rng.standard_normal((batch,) + shape).astype(np.float32))
+    y = cydnn.to_device(rng.integers(0, 10, batch).astype(np.int32))
+    if compiled:
+        t0 = time.perf_counter()
+        step_fn = cydnn.compile(model, opt, batch_size=batch, input_shape=shape)
+        step_fn(x, y)
+        cydnn.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        info = step_fn.info()
+        return timed(lambda: step_fn(x, y), cydnn.cuda.synchronize, steps, repeats), compile_s, info
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        loss_fn(model(x), y)
+        model.backward(loss_fn.backward(), input_grad=False)
+        opt.step()
+    return timed(step, cydnn.cuda.synchronize, steps, repeats), None, None
+
+
+def torch_train(name, batch, steps, repeats, graph):
+    import torch
+    model, shape = build(name)
+    tm = torch_twin(model)
+    opt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn((batch,) + shape, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(tm(x), y).backward()
+        opt.step()
+    if not graph:
+        return timed(step, torch.cuda.synchronize, steps, repeats)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    return timed(g.replay, torch.cuda.synchronize, steps, repeats)
+
+
+def agreement(name, steps=20, batch=64):
+    """max |logits| difference (compiled vs per-op, same weights) and max |param| difference after 20 steps."""
+    rng = np.random.default_rng(2)
+    model, shape = build(name)
+    batches = [(rng.standard_normal((batch,) + shape).astype(np.float32), rng.integers(0, 10, batch))
+               for _ in range(steps)]
+    model.to("cuda").eval()
+    x = batches[0][0]
+    ref = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
+    got = cydnn.compile(model, input_shape=shape)(x)
+    logits = float(np.abs(got - ref).max())
+    params = []
+    for compiled in (True, False):
+        m, _ = build(name)
+        m.to("cuda")
+        opt = optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        if compiled:
+            s = cydnn.compile(m, opt, batch_size=batch, input_shape=shape)
+            for bx, by in batches:
+                s(bx, by)
+        else:
+            loss_fn = nn.CrossEntropyLoss()
+            for bx, by in batches:
+                loss_fn(m(ops.cuda.asarray(bx)), by)
+                m.backward(loss_fn.backward(), input_grad=False)
+                opt.step()
+        params.append([p.data.numpy() for p in m.parameters()])
+    pdiff = max(float(np.abs(a - b).max()) for a, b in zip(*params))
+    return logits, pdiff
+
+
+def inference(name, have_torch):
+    import torch
+    model, shape = build(name)
+    model.to("cuda").eval()
+    rng = np.random.default_rng(3)
+    one = rng.standard_normal((1,) + shape).astype(np.float32)
+    many = rng.standard_normal((10000,) + shape).astype(np.float32)
+    t0 = time.perf_counter()
+    infer = cydnn.compile(model, input_shape=shape, softmax=True)
+    infer(one)
+    compile_s = time.perf_counter() - t0
+    res = {"compile_s": compile_s}
+    res["cydnn_1_p50_us"], res["cydnn_1_p99_us"] = latencies(lambda: infer(one))
+    infer(many)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        infer(many)
+    res["cydnn_10k_img_s"] = 30000 / (time.perf_counter() - t0)
+    if have_torch:
+        tm = torch_twin(model).eval()
+
+        def tpredict(a):
+            with torch.no_grad():
+                return torch.softmax(tm(torch.from_numpy(a).cuda()), 1).cpu().numpy()
+        res["torch_1_p50_us"], res["torch_1_p99_us"] = latencies(lambda: tpredict(one))
+        tpredict(many)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            tpredict(many)
+        res["torch_10k_img_s"] = 30000 / (time.perf_counter() - t0)
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(zoo()))
+    p.add_argument("--batches", default="32,64,256")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json")
+    args = p.parse_args()
+    cydnn.cuda.check_device(0)
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    print(f"GPU {cydnn.cuda.get_device_name()}; torch {torch.__version__}; fp32, TF32 off")
+    out = {}
+    for name in args.models.split(","):
+        r = out[name] = {"train": {}}
+        for b in (int(s) for s in args.batches.split(",")):
+            torch.cuda.reset_peak_memory_stats()
+            cydnn.cuda.reset_peak_memory_stats()
+            comp, compile_s, info = cydnn_train(name, b, args.steps, args.repeats, True)
+            peak = cydnn.cuda.memory_stats()["peak_reserved_bytes"]
+            perop, _, _ = cydnn_train(name, b, max(20, args.steps // 4), args.repeats, False)
+            eager = torch_train(name, b, max(20, args.steps // 4), args.repeats, False)
+            graph = torch_train(name, b, args.steps, args.repeats, True)
+            r["train"][b] = {"compiled_us": comp, "per_op_us": perop, "torch_eager_us": eager, "torch_graph_us": graph,
+                             "vs_torch_graph": graph / comp, "compile_s": compile_s, "mode": info["mode"],
+                             "kernels": info["kernels_per_step"] and max(info["kernels_per_step"].values()),
+                             "torch_peak_bytes": torch.cuda.max_memory_reserved(), "cydnn_peak_reserved": peak}
+            print(f"{name:22s} b{b:<4d} compiled {comp:8.1f} us  per-op {perop:8.1f}  torch eager {eager:8.1f}  "
+                  f"torch graph {graph:8.1f}  -> {graph / comp:5.2f}x vs graph  ({info['mode']}, "
+                  f"{r['train'][b]['kernels']} kernels, compile {compile_s:.2f} s)", flush=True)
+        r["infer"] = inference(name, True)
+        i = r["infer"]
+        print(f"{name:22s} infer 1 img p50 {i['cydnn_1_p50_us']:6.1f} us (p99 {i['cydnn_1_p99_us']:6.1f}) torch "
+              f"{i['torch_1_p50_us']:6.1f}; 10k: {i['cydnn_10k_img_s']:,.0f} img/s vs torch "
+              f"{i['torch_10k_img_s']:,.0f}; compile {i['compile_s']:.2f} s", flush=True)
+        r["logits_maxdiff"], r["params_maxdiff_20_steps"] = agreement(name)
+        print(f"{name:22s} max |logits diff| {r['logits_maxdiff']:.2e}, max |param diff| after 20 steps "
+              f"{r['params_maxdiff_20_steps']:.2e}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+// compiled.cu -- the kernels the compiler (python/cydnn/compiler/) adds to the per-op library.
+//
+// A compiled step is the reference ops, called with buffers planned once, captured
+// in one CUDA graph.  What a graph replays cannot take new host scalars, and each
+// kernel boundary costs ~1.5-2 us even inside a graph, so the compiler adds:
+//
+//   bias_act_forward    y = act(x + bias[c])             replaces add-bias + activation
+//   bias_act_backward   g = dy * act'(y); dbias[c] = sum g   replaces activation backward
+//                       + bias gradient (chunks of a channel in parallel, then their sums in order)
+//   flat_update         one launch updates every parameter (SGD / Adam / AdamW) over
+//                       flat parameter, gradient and state buffers; lr and the step
+//                       number come from device memory (a schedule needs no re-capture)
+//   step_bookkeeping    after the update: loss sum, correct count, step counters
+//   dropout_step        dropout whose seed mixes in the device step counter, so a
+//                       replayed graph draws a new mask every step
+//   fold_batch_norm     inference: a batch norm's running statistics folded into the weights
+//                       and bias of the layer before it (computed in the graph, so it is fresh)
+//
+// Activations (act): 0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 leaky relu (slope).
+// Each derivative is written in terms of the output y, as the per-op backward kernels:
+//   relu' = (y > 0), tanh' = 1 - y^2, sigmoid' = y (1 - y), leaky' = y > 0 ? 1 : slope.
+// The optimizer formulas are optimizer.cu's (PyTorch's), element by element.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace {
+
+__device__ __forceinline__ float activate(float v, int act, float slope) {
+    switch (act) {
+        case 1: return v <= 0.0f ? 0.0f : v;          // as relu_forward (NaN stays NaN)
+        case 2: return tanhf(v);
+        case 3: return 1.0f / (1.0f + expf(-v));
+        case 4: return v > 0.0f ? v : v * slope;
+        default: return v;
+    }
+}
+
+__device__ __forceinline__ float derivative(float y, int act, float slope) {
+    switch (act) {
+        case 1: return y > 0.0f ? 1.0f : 0.0f;
+        case 2: return 1.0f - y * y;
+        case 3: return y * (1.0f - y);
+        case 4: return y > 0.0f ? 1.0f : slope;
+        default: return 1.0f;
+    }
+}
+
+// y[n, c, i] = act(x[n, c, i] + bias[c]); bias may be NULL.  May run in place.
+__global__ void bias_act_forward_kernel(const float *x, const float *bias, float *y, size_t total,
+                                        int channels, size_t inner, int act, float slope) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        float v = x[i];
+        if (bias != nullptr) v += bias[(i / inner) % (size_t)channels];
+        y[i] = activate(v, act, slope);
+    }
+}
+
+// g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
+// kChunk elements, written to dx; the chunk's sum of g goes to partial[c * chunks + p]
+// (or straight to dbias[c] when one chunk covers the channel).  Fixed reduction order in
+// the block, and bias_sum_kernel adds a channel's chunks in order: the same bits every run.
+constexpr int kReduceThreads = 256;
+constexpr size_t kChunk = 8192;
+
+__global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
+                                            int channels, size_t inner, size_t per_channel, int chunks,
+                                            int act, float slope) {
+    __shared__ float sums[kReduceThreads];
+    const int c = blockIdx.y;
+    const size_t begin = (size_t)blockIdx.x * kChunk;
+    const size_t end = begin + kChunk < per_channel ? begin + kChunk : per_channel;
+    float sum = 0.0f;
+    for (size_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+        const size_t row = k / inner, col = k % inner;
+        const size_t i = (row * channels + c) * inner + col;
+        const float g = dy[i] * derivative(y[i], act, slope);
+        if (dx != nullptr) dx[i] = g;
+        sum += g;
+    }
+    if (partial == nullptr) return;
+    sums[threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[(size_t)c * chunks + blockIdx.x] = sums[0];
+}
+
+__global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float total = 0.0f;
+    for (int p = 0; p < chunks; ++p) total += partial[(size_t)c * chunks + p];
+    dbias[c] = total;
+}
+
+// The update of every parameter in one launch (optimizer.cu's formulas).  The step
+// number t (from 1) is counters->global_step + 1; the learning rate is
+// lr_table[counters->step_in_epoch % lr_len].
+__global__ void flat_update_kernel(cydnnFlatUpdate u) {
+    const long long t = u.counters->global_step + 1;
+    const float lr = u.lr_table[u.counters->step_in_epoch % u.lr_len];
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    float bc1 = 1.0f, bc2 = 1.0f, decay = 1.0f;
+    if (u.optimizer != CYDNN_OPT_SGD) {
+        bc1 = (float)(1.0 - pow(u.beta1, (double)t));
+        bc2 = (float)(1.0 - pow(u.beta2, (double)t));
+        if (u.optimizer == CYDNN_OPT_ADAMW) decay = (float)(1.0 - (double)lr * (double)u.weight_decay);
+    }
+    const float b1 = (float)u.beta1, b2 = (float)u.beta2;
+    const float omb1 = (float)(1.0 - u.beta1), omb2 = (float)(1.0 - u.beta2);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < u.count; i += stride) {
+        float p = u.param[i];
+        float g = u.grad[i];
+        if (u.optimizer == CYDNN_OPT_SGD) {
+            if (u.weight_decay != 0.0f) g = g + u.weight_decay * p;
+            if (u.momentum != 0.0f) {
+                const float buf = t == 1 ? g : u.momentum * u.state1[i] + (1.0f - u.dampening) * g;
+                u.state1[i] = buf;
+                g = u.nesterov ? g + u.momentum * buf : buf;
+            }
+            u.param[i] = p - lr * g;
+        } else {
+            if (u.optimizer == CYDNN_OPT_ADAMW)
+                p = p * decay;
+            else if (u.weight_decay != 0.0f)
+                g = g + u.weight_decay * p;
+            const float mi = b1 * u.state1[i] + omb1 * g;
+            const float vi = b2 * u.state2[i] + omb2 * g * g;
+            u.state1[i] = mi;
+            u.state2[i] = vi;
+            u.param[i] = p - lr * (mi / bc1) / (sqrtf(vi / bc2) + u.eps);
+        }
+    }
+}
+
+// One block: the batch's correct count (argmax, first maximum on ties, as numpy),
+// then thread 0 adds it and the loss to the epoch totals and advances the counters.
+__global__ void bookkeeping_kernel(const float *logits, const int32_t *labels, int n, int c,
+                                   const float *loss, cydnnStepCounters *counters) {
+    __shared__ int right[kReduceThreads];
+    int mine = 0;
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+        const float *row = logits + (size_t)r * c;
+        int best = 0;
+        for (int j = 1; j < c; ++j)
+            if (row[j] > row[best]) best = j;
+        mine += best == labels[r];
+    }
+    right[threadIdx.x] = mine;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) right[threadIdx.x] += right[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        counters->correct += right[0];
+        counters->loss_sum += (double)*loss;
+        counters->step_in_epoch += 1;
+        counters->global_step += 1;
+    }
+}
+
+// activation.cu's dropout, with the seed mixed with the device step counter.
+__global__ void dropout_step_kernel(const float *x, float *y, float *mask, size_t count,
+                                    uint32_t threshold, float scale, uint64_t seed,
+                                    const cydnnStepCounters *counters) {
+    const uint64_t s = cydnn::splitmix64(seed ^ (uint64_t)counters->global_step);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const uint64_t r = cydnn::splitmix64(s ^ cydnn::splitmix64((uint64_t)i));
+        const float m = (r >> 40) >= (uint64_t)threshold ? scale : 0.0f;
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+// w_out[o, k] = w[o, k] * s[o] and b_out[o] = (b[o] - mean[o]) * s[o] + beta[o], s = gamma / sqrt(var + eps):
+// a batch norm in inference (running statistics) folded into the layer before it.
+__global__ void fold_batch_norm_kernel(const float *w, const float *b, const float *gamma, const float *beta,
+                                       const float *mean, const float *var, float eps, int out, size_t per_out,
+                                       float *w_out, float *b_out) {
+    const size_t total = (size_t)out * per_out;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const size_t o = i / per_out;
+        const float s = gamma[o] / sqrtf(var[o] + eps);
+        w_out[i] = w[i] * s;
+        if (i % per_out == 0) b_out[o] = ((b != nullptr ? b[o] : 0.0f) - mean[o]) * s + beta[o];
+    }
+}
+
+}  // namespace
+
+cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const float *b, const float *gamma,
+                                    const float *beta, const float *mean, const float *var, float eps, int out,
+                                    size_t per_out, float *w_out, float *b_out) {
+    const char *op = "fold_batch_norm";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, w && gamma && beta && mean && var && w_out && b_out, "a pointer is NULL");
+    CYDNN_REQUIRE(op, out >= 1 && per_out >= 1, "sizes must be >= 1 (out=%d, per_out=%zu)", out, per_out);
+    const size_t total = (size_t)out * per_out;
+    fold_batch_norm_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
+    CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
+                                     int n, int channels, size_t inner, int act, float slope) {
+    const char *op = "bias_act_forward";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "x or y is NULL");
+    CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
+                  n, channels, inner);
+    CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
+    const size_t total = (size_t)n * channels * inner;
+    bias_act_forward_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        x, bias, y, total, channels, inner, act, slope);
+    CYDNN_LAUNCH_CHECK(op, "bias_act_forward_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
+                                      float *dbias, int n, int channels, size_t inner, int act, float slope) {
+    const char *op = "bias_act_backward";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, y != nullptr && dy != nullptr, "y or dy is NULL");
+    CYDNN_REQUIRE(op, dx != nullptr || dbias != nullptr, "nothing to write (dx and dbias are NULL)");
+    CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
+                  n, channels, inner);
+    CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
+    const size_t per_channel = (size_t)n * inner;
+    const int chunks = (int)((per_channel + kChunk - 1) / kChunk);
+    CYDNN_REQUIRE(op, channels <= 65535, "at most 65535 channels, got %d", channels);
+    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
+    void *scratch = nullptr;
+    if (dbias != nullptr && chunks > 1) {
+        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
+        partial = static_cast<float *>(scratch);
+    }
+    act_backward_partial_kernel<<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+        y, dy, dx, dbias == nullptr ? nullptr : partial, channels, inner, per_channel, chunks, act, slope);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && scratch != nullptr) {
+        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
+            partial, dbias, channels, chunks);
+        e = cudaGetLastError();
+    }
+    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
+    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, "launch of act_backward_partial_kernel / bias_sum_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u) {
+    const char *op = "flat_update";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, u != nullptr, "update is NULL");
+    CYDNN_REQUIRE(op, u->param != nullptr && u->grad != nullptr, "param or grad is NULL");
+    CYDNN_REQUIRE(op, u->count >= 1, "count must be >= 1");
+    CYDNN_REQUIRE(op, u->lr_table != nullptr && u->lr_len >= 1, "lr_table is NULL or empty");
+    CYDNN_REQUIRE(op, u->counters != nullptr, "counters is NULL");
+    CYDNN_REQUIRE(op, u->optimizer >= CYDNN_OPT_SGD && u->optimizer <= CYDNN_OPT_ADAMW, "optimizer %d unknown",
+                  u->optimizer);
+    CYDNN_REQUIRE(op, u->optimizer != CYDNN_OPT_SGD || u->momentum == 0.0f || u->state1 != nullptr,
+                  "SGD with momentum needs state1");
+    CYDNN_REQUIRE(op, u->optimizer == CYDNN_OPT_SGD || (u->state1 != nullptr && u->state2 != nullptr),
+                  "Adam needs state1 and state2");
+    flat_update_kernel<<<cydnn::blocks_for(u->count), cydnn::kThreads, 0, ctx->stream>>>(*u);
+    CYDNN_LAUNCH_CHECK(op, "flat_update_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, const int32_t *labels, int n,
+                                     int c, const float *loss, cydnnStepCounters *counters) {
+    const char *op = "step_bookkeeping";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, logits != nullptr && labels != nullptr && loss != nullptr && counters != nullptr,
+                  "a pointer is NULL");
+    CYDNN_REQUIRE(op, n >= 1 && c >= 1, "sizes must be >= 1 (n=%d, c=%d)", n, c);
+    bookkeeping_kernel<<<1, kReduceThreads, 0, ctx->stream>>>(logits, labels, n, c, loss, counters);
+    CYDNN_LAUNCH_CHECK(op, "bookkeeping_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, float *mask, size_t count,
+                                 uint32_t threshold, float scale, uint64_t seed, const cydnnStepCounters *counters) {
+    const char *op = "dropout_step";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, x != nullptr && y != nullptr && mask != nullptr && counters != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, count >= 1, "count must be >= 1");
+    dropout_step_kernel<<<cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream>>>(
+        x, y, mask, count, threshold, scale, seed, counters);
+    CYDNN_LAUNCH_CHECK(op, "dropout_step_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}

@@ -1,0 +1,80 @@
+# _compiled.pxi -- wrappers of the compiler's kernels (cpp/compiled.cu), included by _C.pyx.
+# The compiler (python/cydnn/compiler/) calls these with buffers it planned once.
+
+ACT_NONE, ACT_RELU, ACT_TANH, ACT_SIGMOID, ACT_LEAKY = (
+    CYDNN_ACT_NONE, CYDNN_ACT_RELU, CYDNN_ACT_TANH, CYDNN_ACT_SIGMOID, CYDNN_ACT_LEAKY)
+
+
+def bias_act_forward(DeviceArray x not None, DeviceArray bias, DeviceArray y not None, int n, int channels,
+                     size_t inner, int act, float slope=0.0):
+    """y = act(x + bias[channel]) over x (n, channels, inner); bias may be None; y may be x."""
+    check(cydnn_bias_act_forward(ctx(), f32(x, "x"), f32_or_null(bias, "bias"), f32(y, "y"), n, channels,
+                                 inner, act, slope), "bias_act_forward")
+
+
+def bias_act_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dbias,
+                      int n, int channels, size_t inner, int act, float slope=0.0):
+    """dx = dy * act'(y); dbias[c] = sum of dx over n and inner (either may be None)."""
+    check(cydnn_bias_act_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32_or_null(dx, "dx"),
+                                  f32_or_null(dbias, "dbias"), n, channels, inner, act, slope),
+          "bias_act_backward")
+
+
+cdef class FlatUpdate:
+    """One optimizer update of every parameter over flat buffers (cydnn_flat_update)."""
+    cdef cydnnFlatUpdate u
+    cdef readonly object arrays
+
+    def __init__(self, *, DeviceArray param not None, DeviceArray grad not None, DeviceArray state1,
+                 DeviceArray state2, int optimizer, float momentum=0.0, float dampening=0.0,
+                 float weight_decay=0.0, bint nesterov=False, double beta1=0.9, double beta2=0.999,
+                 float eps=1e-8, DeviceArray lr_table not None, DeviceArray counters not None):
+        self.u.param = f32(param, "param")
+        self.u.grad = f32(grad, "grad")
+        self.u.state1 = f32_or_null(state1, "state1")
+        self.u.state2 = f32_or_null(state2, "state2")
+        self.u.count = param.size
+        self.u.optimizer = optimizer
+        self.u.momentum, self.u.dampening, self.u.weight_decay = momentum, dampening, weight_decay
+        self.u.nesterov = nesterov
+        self.u.beta1, self.u.beta2, self.u.eps = beta1, beta2, eps
+        self.u.lr_table = f32(lr_table, "lr_table")
+        self.u.lr_len = lr_table.size
+        self.u.counters = <cydnnStepCounters *>counters.data()
+        self.arrays = (param, grad, state1, state2, lr_table, counters)   # kept alive with the update
+
+    def enqueue(self):
+        check(cydnn_flat_update(ctx(), &self.u), "flat_update")
+
+
+def step_bookkeeping(DeviceArray logits not None, DeviceArray labels not None, DeviceArray loss not None,
+                     DeviceArray counters not None):
+    """counters: correct += right argmaxes, loss_sum += loss, step_in_epoch += 1, global_step += 1."""
+    check(cydnn_step_bookkeeping(ctx(), f32(logits, "logits"), i32(labels, "labels"), logits.shape[0],
+                                 logits.shape[1], f32(loss, "loss"), <cydnnStepCounters *>counters.data()),
+          "step_bookkeeping")
+
+
+def dropout_step(DeviceArray x not None, DeviceArray y not None, DeviceArray mask not None, uint32_t threshold,
+                 float scale, uint64_t seed, DeviceArray counters not None):
+    """Dropout whose mask seed mixes in the device step counter (a new mask every replay)."""
+    check(cydnn_dropout_step(ctx(), f32(x, "x"), f32(y, "y"), f32(mask, "mask"), x.size, threshold, scale, seed,
+                             <const cydnnStepCounters *>counters.data()), "dropout_step")
+
+
+def copy_into(DeviceArray dst not None, DeviceArray src not None):
+    """dst[...] = src, device to device, asynchronous (same shape and dtype)."""
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"copy_into: dst is {dst.dtype} {dst.shape}, src is {src.dtype} {src.shape}")
+    if dst.nbytes:
+        check(cydnn_memcpy_d2d(ctx(), dst.data(), src.data(), dst.nbytes), "copy_into")
+
+
+def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not None, DeviceArray beta not None,
+                    DeviceArray mean not None, DeviceArray var not None, float eps, DeviceArray w_out not None,
+                    DeviceArray b_out not None):
+    """w_out = w * s, b_out = (b - mean) * s + beta, s = gamma / sqrt(var + eps) (per output channel)."""
+    cdef int out = w.shape[0]
+    check(cydnn_fold_batch_norm(ctx(), f32(w, "w"), f32_or_null(b, "b"), f32(gamma, "gamma"), f32(beta, "beta"),
+                                f32(mean, "mean"), f32(var, "var"), eps, out, w.size // out, f32(w_out, "w_out"),
+                                f32(b_out, "b_out")), "fold_batch_norm")

@@ -1,0 +1,596 @@
+"""What ``cydnn.compile`` returns: :class:`CompiledStep` (training) and :class:`CompiledInference`.
+
+Both plan lazily per batch size (trace -> fuse -> lower -> memory), bind the plan to
+device memory, and on first use run it once plainly, capture it into a CUDA graph, and
+check the graph against the plain run (the capture self-test); a failed capture or
+self-test leaves the plan running step by step, with the reason in ``info()`` and the
+``cydnn.compiler`` logger.  Every call first checks that the model still holds the
+arrays the plan was bound to (identity compares) and re-plans when it does not.
+"""
+import logging
+import threading
+
+import numpy as np
+
+from .. import _C, nn
+from ..loop import reference_epoch
+from . import lenet
+from .executor import Bound
+from .lower import lower_inference, lower_training
+from .passes import fuse, plan_memory
+from .trace import Unsupported, trace
+from .train_step import LR_TABLE, FlatState, optimizer_reason
+
+__all__ = ["CompiledStep", "CompiledInference", "signature"]
+
+log = logging.getLogger("cydnn.compiler")
+
+
+class Signature:
+    """What a bound plan depends on: every module's children, every parameter object and its array.
+
+    ``fresh()`` checks, by identity only, that none of them was replaced since (a few
+    microseconds: it runs on every call).  Values changing in place (training, ``copy_``)
+    need no check: the plan reads the arrays themselves.
+    """
+
+    def __init__(self, model):
+        self.entries = []          # (dict, key, object it held)
+        self.arrays = []           # (Parameter, array it held)
+        stack = [model]
+        while stack:
+            m = stack.pop()
+            self.entries.append((m.__dict__, "_modules", m._modules))
+            self.entries.append((m.__dict__, "_parameters", m._parameters))
+            for key, child in m._modules.items():
+                self.entries.append((m._modules, key, child))
+                stack.append(child)
+            for key, p in m._parameters.items():
+                self.entries.append((m._parameters, key, p))
+                if p is not None:
+                    self.arrays.append((p, p.data))
+            for key, a in getattr(m, "_buffers", {}).items():
+                if isinstance(a, _C.DeviceArray):       # running statistics (a host count may change freely)
+                    self.entries.append((m._buffers, key, a))
+        self.sizes = [(v, len(v)) for d, k, v in self.entries if k in ("_modules", "_parameters")]
+
+    def fresh(self):
+        for d, key, obj in self.entries:
+            if d.get(key) is not obj:
+                return False
+        for p, data in self.arrays:
+            if p.data is not data:
+                return False
+        for table, size in self.sizes:
+            if len(table) != size:
+                return False
+        return True
+
+
+def signature(model):
+    return Signature(model)
+
+
+def module_buffers(model, plan):
+    """The plan's running statistics and (inference) parameters, from the model's modules by path."""
+    out = {}
+    for name, buf in plan.buffers.items():
+        if buf.role != "param" or name.startswith("d:"):
+            continue
+        path, attr = name.rsplit(".", 1)
+        m = model
+        for part in path.split("."):
+            m = m._modules[part]
+        if attr in m._parameters:
+            out[name] = m._parameters[attr].data
+        elif attr in getattr(m, "_buffers", {}):
+            out[name] = m._buffers[attr]
+    return out
+
+
+def _batch_norms(plan):
+    return [n.module for n in plan.nodes if n.op == "batch_norm"]
+
+
+def _count_batches(modules, steps):
+    """num_batches_tracked as the reference forward keeps it (a host int64 counter)."""
+    for m in modules:
+        if m.num_batches_tracked is not None:
+            m.num_batches_tracked = np.array(int(m.num_batches_tracked) + steps, np.int64)
+
+
+def _build_plan(model, input_shape, batch, training, options, softmax=False):
+    nodes = trace(model, input_shape, batch)
+    plan_log = []
+    groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log, training=training)
+    if training:
+        plan = lower_training(groups, nodes, batch, log=plan_log)
+    else:
+        plan = lower_inference(groups, nodes, batch, softmax=softmax, log=plan_log)
+    plan_memory(plan, enabled=options.get("memory", True))
+    return plan, groups
+
+
+class _Runner:
+    """A bound plan and its graph: ``launch()`` replays it (or runs it step by step)."""
+
+    def __init__(self, plan, given, use_graph):
+        self.plan = plan
+        self.bound = Bound(plan, given)
+        self.use_graph = use_graph
+        self.ready = False
+        self.reason = "" if use_graph else "CUDA graphs switched off (cuda_graph=False)"
+
+    def prepare(self, snapshot=None, compare=()):
+        """First use: plain run, capture, replay, compare (``snapshot()`` restores the state the run changed)."""
+        self.ready = True
+        if not self.use_graph:
+            return
+        restore = snapshot() if snapshot else None
+        try:
+            self.bound.run_plain()
+            expected = [self.bound.arrays[n].numpy() if n in self.bound.arrays else n().numpy() for n in compare]
+            if restore:
+                restore()
+            self.bound.capture()
+            self.bound.graph.launch()
+            got = [self.bound.arrays[n].numpy() if n in self.bound.arrays else n().numpy() for n in compare]
+            if restore:
+                restore()
+            for name, e, g in zip(compare, expected, got):
+                if e.shape != g.shape or not np.array_equal(e, g, equal_nan=True):
+                    raise RuntimeError(f"the graph's {getattr(name, '__name__', name)} differs from the plain run "
+                                       f"(max |diff| {np.nanmax(np.abs(e - g))})")
+        except (_C.CydnnError, RuntimeError) as e:
+            self.bound.graph = None
+            self.use_graph = False
+            self.reason = f"capture self-test failed, running the steps one by one: {e}"
+            log.warning("compile: %s", self.reason)
+            if restore:
+                restore()
+
+    def launch(self):
+        self.bound.launch()
+
+
+class CompiledStep:
+    """``step(x, y)`` -> loss (a 0-d DeviceArray; reading it waits), ``step.train_epoch(loader, scheduler)``.
+
+    Modes (``info()["mode"]``): ``"graph"`` (the whole step one CUDA-graph launch),
+    ``"steps"`` (the same plan launched step by step: capture failed or was switched off),
+    ``"fused+graph"`` (an epoch of LeNet-5 on its hand-fused kernels), ``"reference"``
+    (the per-op loop: a model on the CPU, or one the compiler does not take; the reason
+    says which).
+    """
+
+    def __init__(self, model, optimizer, batch_size, loss_fn=None, input_shape=None, cuda_graph=True,
+                 fused=True, **options):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"compile: model must be an nn.Module, got {type(model).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"compile: batch_size must be an int >= 1, got {batch_size!r}")
+        self.model, self.optimizer, self.batch_size = model, optimizer, int(batch_size)
+        self.loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+        self.input_shape = None if input_shape is None else tuple(int(s) for s in input_shape)
+        self.cuda_graph, self.fused, self.options = bool(cuda_graph), bool(fused), options
+        self.reason = self._reference_reason()
+        self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
+        if self.reason:
+            log.info("compile: reference path: %s", self.reason)
+        elif self.fused and self.input_shape is not None and self.batch_size <= _C.LENET_MAX_TRAIN_BATCH:
+            found = lenet.match(trace(self.model, self.input_shape, self.batch_size), self.input_shape)
+            if not isinstance(found, str):      # epochs on the hand-fused kernels (steps on the generic plan)
+                self.mode = "fused+graph" if cuda_graph else "fused"
+        self._flat = None
+        self._runners = {}
+        self._sig = None
+        self._lenet = None
+        self._lenet_reason = None
+        self._num_classes = {}
+
+    def _reference_reason(self):
+        if not self.cuda_graph and not self.fused:
+            return "compiled step switched off (cuda_graph=False, fused=False): the per-op reference loop"
+        if type(self.loss_fn) is not nn.CrossEntropyLoss:
+            return f"the compiled step computes CrossEntropyLoss, not {type(self.loss_fn).__name__}"
+        if self.model.device != "cuda":
+            return f"the model is on {self.model.device!r}: compiled steps run on 'cuda'"
+        if self.input_shape is not None:
+            try:
+                trace(self.model, self.input_shape, self.batch_size)
+            except Unsupported as e:
+                return str(e)
+        params = [p for _, p in self.model.named_parameters()]
+        return optimizer_reason(self.optimizer, params)
+
+    # -- planning --------------------------------------------------------------
+    def _runner(self, batch, input_shape):
+        if self._sig is None or not self._sig.fresh() or not self._flat.fresh(self._flat.params):
+            self._replan()
+        key = (batch, tuple(input_shape))
+        runner = self._runners.get(key)
+        if runner is None:
+            plan, _ = _build_plan(self.model, input_shape, batch, True, self.options)
+            given = self._flat.given()
+            given.update(module_buffers(self.model, plan))
+            runner = _Runner(plan, given, self.cuda_graph and self.mode != "steps")
+            runner.counted = [m for m in _batch_norms(plan)]
+            self._runners[key] = runner
+        return runner
+
+    def _replan(self):
+        """(Re)bind: flat buffers from the model's current parameters; plans made again on use."""
+        named = list(self.model.named_parameters())
+        reason = optimizer_reason(self.optimizer, [p for _, p in named])
+        if reason:
+            raise ValueError(f"compiled step: {reason}")
+        self._flat = FlatState(named, self.optimizer)
+        self._runners = {}
+        self._sig = signature(self.model)
+
+    def _snapshot(self):
+        flat = self._flat
+        stats = [a for _, a in self.model.named_buffers() if isinstance(a, _C.DeviceArray)]
+        saved = [(a, a.copy()) for a in (flat.flat_param, flat.flat_s1, flat.flat_s2, flat.counters, *stats)
+                 if a is not None]
+
+        def restore():
+            for dst, src in saved:
+                _C.copy_into(dst, src)
+        return restore
+
+    # -- one step ----------------------------------------------------------------
+    def __call__(self, x, y):
+        if self.mode == "reference":
+            return self._reference_step(x, y)
+        x, y = self._check_batch(x, y)
+        runner = self._runner(x.shape[0], x.shape[1:])
+        self._feed(runner, x, y)
+        self._flat.set_lr(self.optimizer.lr)
+        if not runner.ready:
+            runner.prepare(self._snapshot, compare=("loss",))
+            self._note(runner)
+        runner.launch()
+        for st in self.optimizer.state:
+            st["step"] += 1
+        _count_batches(runner.counted, 1)
+        self._flat.publish_grads()
+        return runner.bound.arrays["loss"].copy()
+
+    def _note(self, runner):
+        if not runner.use_graph and self.mode in ("graph", "fused+graph"):
+            self.mode, self.reason = "steps", runner.reason
+
+    def _reference_step(self, x, y):
+        backend = self.model
+        logits = backend(x)
+        loss = self.loss_fn(logits, y)
+        self.model.backward(self.loss_fn.backward(), input_grad=False)
+        self.optimizer.step()
+        return loss
+
+    def _check_batch(self, x, y):
+        B = self.batch_size
+        if not isinstance(x, (np.ndarray, _C.DeviceArray)):
+            raise TypeError(f"compiled step: x must be a numpy array or DeviceArray, got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise TypeError(f"compiled step: x must be float32, got {x.dtype}")
+        if x.ndim < 2 or x.shape[0] != B:
+            raise ValueError(f"compiled step: x has shape {tuple(x.shape)}; this step was compiled for batches of "
+                             f"{B} (compile another step for another batch size)")
+        if self.input_shape is not None and tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"compiled step: x has shape {tuple(x.shape)}, the step was compiled for "
+                             f"{(B,) + self.input_shape}")
+        if isinstance(y, np.ndarray):
+            if y.shape != (B,) or not np.issubdtype(y.dtype, np.integer):
+                raise ValueError(f"compiled step: y must be {B} integer labels, got {y.dtype} {y.shape}")
+            classes = self._classes(x)
+            if y.size and (y.min() < 0 or y.max() >= classes):
+                raise ValueError(f"compiled step: labels must be in [0, {classes}), got [{y.min()}, {y.max()}]")
+            y = y.astype(np.int32, copy=False)
+        elif isinstance(y, _C.DeviceArray):
+            if y.shape != (B,) or y.dtype != np.int32:
+                raise ValueError(f"compiled step: y must be an int32 DeviceArray of shape ({B},), "
+                                 f"got {y.dtype} {y.shape}")
+        else:
+            raise TypeError(f"compiled step: y must be a numpy array or DeviceArray, got {type(y).__name__}")
+        return x, y
+
+    def _classes(self, x):
+        shape = tuple(x.shape[1:])
+        if shape not in self._num_classes:
+            self._num_classes[shape] = trace(self.model, shape, 1)[-1].out_shape[-1]
+        return self._num_classes[shape]
+
+    @staticmethod
+    def _feed(runner, x, y):
+        arrays = runner.bound.arrays
+        for name, v in (("x", x), ("labels", y)):
+            if isinstance(v, _C.DeviceArray):
+                _C.copy_into(arrays[name], v)
+            else:
+                arrays[name].set_(v)
+
+    # -- an epoch ---------------------------------------------------------------
+    def train_epoch(self, loader, scheduler=None, steps=None, progress=None):
+        """One epoch (or its first ``steps`` batches); returns ``{"loss", "accuracy", "seconds", "steps",
+        "images", "mode"}`` as the reference loop reports them."""
+        import time
+        gpu = self.model.device == "cuda"
+        if gpu:
+            _C.synchronize()
+        start = time.perf_counter()
+        if self.mode == "reference":
+            self.mode_used = "reference"
+            nsteps, images, loss, right = reference_epoch(self.model, self.loss_fn, self.optimizer, loader,
+                                                          scheduler, steps, progress)
+        else:
+            nsteps, images, loss, right = self._compiled_epoch(loader, scheduler, steps)
+        if gpu:
+            _C.synchronize()
+        return {"loss": loss, "accuracy": right / max(1, images), "seconds": time.perf_counter() - start,
+                "steps": nsteps, "images": images, "mode": self.mode_used}
+
+    def _compiled_epoch(self, loader, scheduler, steps):
+        if loader.device != "cuda":
+            raise ValueError(f"train_epoch: the loader is on {loader.device!r}; a compiled step takes 'cuda' loaders")
+        if loader.batch_size != self.batch_size:
+            raise ValueError(f"train_epoch: the step was compiled for batch_size {self.batch_size}, the loader "
+                             f"gives {loader.batch_size}: compile another step for it")
+        result = self._lenet_epoch(loader, scheduler, steps)
+        if result is not None:
+            self.mode_used = "fused+graph" if self._lenet.use_graphs else "fused"
+            return self._finish(result, scheduler)
+        self.mode_used = "graph" if self.mode in ("fused+graph", "fused") and self.cuda_graph else \
+            ("steps" if self.mode in ("fused+graph", "fused") else self.mode)
+        opt = self.optimizer
+        total = len(loader)
+        nsteps = total if steps is None else max(0, min(int(steps), total))
+        t0 = scheduler.last_epoch if scheduler is not None else 0
+        images = 0
+        started = False
+        lrs = np.array([scheduler.lr_at(t0 + j) for j in range(nsteps)], np.float32) if scheduler else None
+        for i, (x, y) in enumerate(loader):
+            if i >= nsteps:
+                break
+            runner = self._runner(x.shape[0], x.shape[1:])
+            if not started:       # the counters, once an epoch
+                self._flat.set_counters(opt.state[0]["step"], 0)
+                if lrs is None:
+                    self._flat.set_lr(opt.lr)
+                started = True
+            if lrs is not None and i % LR_TABLE == 0:     # the epoch's learning rates, a table at a time
+                self._flat.set_schedule(lrs, first=i)
+            self._feed(runner, x, y)
+            if not runner.ready:
+                runner.prepare(self._snapshot, compare=("loss",))
+                self._note(runner)
+                self.mode_used = "steps" if not runner.use_graph else self.mode_used
+            runner.launch()
+            _count_batches(runner.counted, 1)
+            images += int(y.shape[0])
+        if not started:
+            return self._finish((0, 0, float("nan"), 0), scheduler)
+        c = self._flat.read_counters()
+        self._flat.publish_grads()
+        return self._finish((nsteps, images, float(c["loss_sum"]), int(c["correct"])), scheduler)
+
+    def _finish(self, result, scheduler):
+        nsteps, images, loss_sum, right = result
+        for st in self.optimizer.state:
+            st["step"] += nsteps
+        if scheduler is not None:
+            scheduler.last_epoch += nsteps
+            self.optimizer.lr = scheduler.lr_at(scheduler.last_epoch)
+        return nsteps, images, (loss_sum / nsteps if nsteps else float("nan")), right
+
+    def _lenet_epoch(self, loader, scheduler, steps):
+        """The hand-fused LeNet-5 epoch where it takes the model and the loader, else None."""
+        if not self.fused:
+            self._lenet_reason = "fused kernels switched off (fused=False)"
+            return None
+        images = getattr(loader, "_images", None)
+        if images is None or len(images.shape) != 3 or images.dtype != np.uint8:
+            self._lenet_reason = "the loader's images are not single-channel uint8 (N, H, W)"
+            return None
+        shape = (1, images.shape[1] + 2 * loader.pad, images.shape[2] + 2 * loader.pad)
+        try:
+            nodes = trace(self.model, shape, self.batch_size)
+        except Unsupported as e:
+            self._lenet_reason = str(e)
+            return None
+        found = lenet.match(nodes, shape)
+        if isinstance(found, str) or self.batch_size > _C.LENET_MAX_TRAIN_BATCH:
+            self._lenet_reason = found if isinstance(found, str) else \
+                f"batch_size {self.batch_size} is over the fused step's {_C.LENET_MAX_TRAIN_BATCH}"
+            return None
+        classic, num_classes = found
+        self._lenet_reason = None
+        params = lenet.parameters(nodes)
+        if self._lenet is None or self._lenet.params != params:
+            self._lenet = lenet.LeNetEpoch(params, classic, num_classes, self.optimizer, self.batch_size,
+                                           use_graphs=self.cuda_graph)
+        try:
+            return self._lenet.run(loader, scheduler, steps)
+        except _C.CydnnError as e:
+            if not self._lenet.use_graphs:
+                raise
+            self._lenet.use_graphs, self._lenet.graphs = False, {}
+            self.mode, self.reason = "fused", f"CUDA graph capture failed: {e}"
+            log.warning("compile: running the fused kernels without graphs: %s", self.reason)
+            return self._lenet.run(loader, scheduler, steps)
+
+    # -- introspection ----------------------------------------------------------
+    mode_used = None
+
+    def plan(self, input_shape=None, batch=None):
+        """The training plan for ``batch`` (default: the compiled batch size) inputs of ``input_shape``."""
+        shape = input_shape or self.input_shape
+        if shape is None:
+            raise ValueError("plan: give input_shape (the step has not seen a batch yet)")
+        return _build_plan(self.model, shape, batch or self.batch_size, True, self.options)[0]
+
+    def explain(self, input_shape=None):
+        """The plan as text (steps, kernels, buffers and bytes), and what runs an epoch."""
+        text = self.plan(input_shape).explain()
+        if self.mode == "reference":
+            text = f"(not used: the reference loop runs, because {self.reason})\n" + text
+        return text
+
+    def info(self):
+        """mode and reason (see the class docstring); ``lenet``: why an epoch does not run on the LeNet-5
+        kernels (None when it does or was not tried); ``graphs``: the LeNet-5 epoch graphs, (batch, steps) ->
+        kernels; ``plans``: (batch, input shape) -> kernels of the plan's graph (None: launched step by step)."""
+        return {"mode": self.mode, "reason": self.reason, "batch_size": self.batch_size,
+                "lenet": self._lenet_reason,
+                "graphs": dict((k, g.kernel_count) for k, g in self._lenet.graphs.items()) if self._lenet else {},
+                "plans": {k: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
+                          for k, r in self._runners.items()},
+                "kernels_per_step": {k: r.plan.kernel_count() for k, r in self._runners.items()}}
+
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
+
+
+class CompiledInference:
+    """``infer(x)``: network inputs (N, *input_shape) float32 -> outputs (N, ...), numpy or DeviceArray.
+
+    Any N: a plan and graph per size bucket (1, 2, 4, ..., 64, 256, 1024), made on first
+    use; N that is not a bucket runs in the next one up (rows are independent in eval
+    mode); more than 1024 runs in chunks.  ``softmax=True`` appends a softmax.
+    With ``preprocess=(mean, std, pad)`` the inputs are raw images (N, H, W) in [0, 1] or
+    uint8 and a LeNet-5 runs on its fused kernel (one C call, preprocessing included).
+    """
+
+    def __init__(self, model, input_shape, softmax=False, cuda_graph=True, fused=True, preprocess=None,
+                 **options):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"compile: model must be an nn.Module, got {type(model).__name__}")
+        self.model, self.softmax, self.options = model, bool(softmax), options
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.cuda_graph, self.fused, self.preprocess = bool(cuda_graph), bool(fused), preprocess
+        nodes = trace(model, self.input_shape, 1)          # refuses what the compiler does not take, now
+        self.out_shape = nodes[-1].out_shape[1:]
+        self.reason = "" if model.device == "cuda" else f"the model is on {model.device!r}"
+        self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
+        self._runners, self._sig, self._lenet = {}, None, None
+        self.lenet_reason = None
+        self._lock = threading.Lock()
+
+    @property
+    def graph_count(self):
+        """CUDA graphs captured so far (bucket plans, and the fused LeNet-5 predictor's)."""
+        own = sum(r.bound.graph is not None for r in self._runners.values())
+        return own + (self._lenet.graph_count if self._lenet is not None else 0)
+
+    def _fresh(self):
+        if self._sig is None or not self._sig.fresh():
+            self._runners, self._lenet, self._sig = {}, None, None
+            trace(self.model, self.input_shape, 1)        # Unsupported if a layer changed into one it can't take
+            self._sig = signature(self.model)
+            self._plan_lenet()
+
+    def unsupported_reason(self):
+        """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
+        try:
+            with self._lock:
+                self._fresh()
+        except Unsupported as e:
+            return str(e)
+        return None
+
+    def _plan_lenet(self):
+        if self.preprocess is None or not self.fused or not self.softmax:
+            self.lenet_reason = "the fused LeNet-5 kernel needs raw images, softmax and fused=True"
+            return
+        nodes = trace(self.model, self.input_shape, 1)
+        found = lenet.match(nodes, self.input_shape)
+        pad = self.preprocess[2]
+        if isinstance(found, str) or pad != (2 if found[0] else 0):
+            self.lenet_reason = found if isinstance(found, str) else f"input padding {pad} is not LeNet-5's"
+            return
+        mean, std, _ = self.preprocess
+        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph)
+        self.lenet_reason = None
+
+    def _runner(self, n):
+        bucket = next((b for b in BUCKETS if b >= n), BUCKETS[-1])
+        runner = self._runners.get(bucket)
+        if runner is None:
+            plan, _ = _build_plan(self.model, self.input_shape, bucket, False, self.options, softmax=self.softmax)
+            runner = _Runner(plan, module_buffers(self.model, plan), self.cuda_graph)
+            self._runners[bucket] = runner
+        return bucket, runner
+
+    def __call__(self, x):
+        """Outputs for ``x`` (numpy in -> numpy out, DeviceArray in -> DeviceArray out)."""
+        with self._lock:            # the plans' buffers and graphs are shared by the calls
+            return self._call(x)
+
+    def _call(self, x):
+        self._fresh()
+        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim in (3, 4):
+            return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
+        if self.preprocess is not None and isinstance(x, np.ndarray):
+            x = self._preprocess(x)
+        device_in = isinstance(x, _C.DeviceArray)
+        if not device_in and not isinstance(x, np.ndarray):
+            raise TypeError(f"compiled inference: x must be a numpy array or DeviceArray, got {type(x).__name__}")
+        if x.dtype != np.float32 or tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"compiled inference: x must be float32 (N, {', '.join(map(str, self.input_shape))}),"
+                             f" got {x.dtype} {tuple(x.shape)}")
+        n = x.shape[0]
+        out = _C.empty((n,) + self.out_shape) if device_in else np.empty((n,) + self.out_shape, np.float32)
+        step = BUCKETS[-1]
+        for start in range(0, n, step):
+            chunk = x[start:start + step]
+            m = chunk.shape[0]
+            bucket, runner = self._runner(m)
+            arrays = runner.bound.arrays
+            dst = arrays["x"] if m == bucket else arrays["x"][:m]
+            if device_in:
+                _C.copy_into(dst, chunk)
+            else:
+                dst.set_(chunk)
+            if not runner.ready:
+                runner.prepare(compare=(runner.plan.output,))
+                if not runner.use_graph and self.mode == "graph":
+                    self.mode, self.reason = "steps", runner.reason
+            runner.launch()
+            result = arrays[runner.plan.output]
+            result = result if m == bucket else result[:m]
+            if device_in:
+                _C.copy_into(out[start:start + m], result)
+            else:
+                out[start:start + m] = result.numpy()
+        return out
+
+    def _preprocess(self, images):
+        mean, std, pad = self.preprocess
+        if images.ndim == 3 and self.input_shape[0] == 1:
+            images = images[:, None]
+        v = images.astype(np.float32)
+        if images.dtype == np.uint8:
+            v /= np.float32(255)
+        if pad:
+            v = np.pad(v, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+        std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        return np.ascontiguousarray((v - mean) / std, dtype=np.float32)
+
+    def plan(self, batch=1):
+        return _build_plan(self.model, self.input_shape, batch, False, self.options, softmax=self.softmax)[0]
+
+    def explain(self, batch=1):
+        self._fresh()
+        text = self.plan(batch).explain()
+        if self._lenet is not None:
+            text = ("numpy images run on the fused LeNet-5 kernel (one launch: preprocessing, both convolutions "
+                    "with bias, activation and pooling, fc1-fc3, softmax); DeviceArray inputs run this plan:\n"
+                    + text)
+        return text
+
+    def info(self):
+        return {"mode": self.mode, "reason": self.reason, "lenet": self.lenet_reason or "fused kernel",
+                "buckets": {b: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
+                            for b, r in self._runners.items()}}

@@ -1,0 +1,92 @@
+"""Stage 3 and 4: the passes -- fusion over the traced layers, memory planning over a plan.
+
+Fusion (:func:`fuse`): a Conv2d or Linear followed by an activation becomes one group,
+lowered to the library call without its bias, then ONE kernel that adds the bias and
+applies the activation (``bias_act_forward``), and in backward ONE kernel for the
+activation's derivative and the bias gradient (``bias_act_backward``).  Unfused, the same
+work is three kernels forward (conv/GEMM, bias, activation) and two backward.
+The patterns are a table (:data:`FUSE_AFTER`); ``fuse=False`` turns the pass off.
+
+Memory (:func:`plan_memory`): every arena buffer lives from the first step that touches
+it to the last; buffers whose lives do not overlap share bytes.  Placement is greedy,
+largest first, at the lowest offset that overlaps no live neighbour (aligned to 256 B).
+``memory=False`` gives every buffer its own bytes (the off switch, to debug a suspected
+reuse bug).
+"""
+from .ir import ARENA_ROLES
+
+__all__ = ["fuse", "plan_memory", "FUSE_AFTER", "ACTIVATIONS"]
+
+#: activation op -> the act code of cydnn_bias_act_* (cpp/cydnn.h)
+ACTIVATIONS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4}
+
+#: ops whose output an activation may be fused into
+FUSE_AFTER = ("conv2d", "linear")
+
+ALIGN = 256
+
+
+def fuse(nodes, enabled=True, log=None, training=True):
+    """Group the nodes: each group is ``{"node", "act", "bn"}``: ``act`` a fused activation node, ``bn`` (inference
+    only) a batch norm folded into the convolution or linear layer before it."""
+    groups, i = [], 0
+    log = [] if log is None else log
+    while i < len(nodes):
+        node = nodes[i]
+        group = {"node": node, "act": None, "bn": None}
+        i += 1
+        nxt = nodes[i] if i < len(nodes) else None
+        if enabled and not training and node.op in FUSE_AFTER and nxt is not None and nxt.op == "batch_norm":
+            group["bn"] = nxt
+            log.append(f"fold: {nxt.name} (batch_norm, running statistics) into {node.name} ({node.op})")
+            i += 1
+            nxt = nodes[i] if i < len(nodes) else None
+        if enabled and node.op in FUSE_AFTER + ("batch_norm",) and nxt is not None and nxt.op in ACTIVATIONS:
+            group["act"] = nxt
+            log.append(f"fuse: {node.name} ({node.op}) + {nxt.name} ({nxt.op}) -> "
+                       + ("bias_act epilogue" if node.op in FUSE_AFTER else "activation in place"))
+            i += 1
+        groups.append(group)
+    return groups
+
+
+def _lifetimes(plan):
+    """{arena buffer: (first step, last step)}; an alias's uses count for its base."""
+    base = {name: (b.alias_of or name) for name, b in plan.buffers.items()}
+    while any(base[b] != b and plan.buffers[base[b]].alias_of for b in base):
+        base = {name: (plan.buffers[t].alias_of or t) for name, t in base.items()}
+    life = {}
+    for i, step in enumerate(plan.steps):
+        for name in step.reads + step.writes:
+            root = base[name]
+            if plan.buffers[root].role not in ARENA_ROLES:
+                continue
+            first, last = life.get(root, (i, i))
+            life[root] = (min(first, i), max(last, i))
+    return life
+
+
+def plan_memory(plan, enabled=True):
+    """Give every arena buffer an offset; set ``plan.arena_bytes``; log what was saved."""
+    life = _lifetimes(plan)
+    placed = []     # (offset, end, first, last)
+    order = sorted(life, key=lambda n: (-plan.buffers[n].nbytes, n))
+    for name in order:
+        size = -(-plan.buffers[name].nbytes // ALIGN) * ALIGN
+        first, last = life[name]
+        offset = 0
+        if enabled:
+            clashes = sorted((o, e) for o, e, f, l in placed if not (l < first or f > last))
+            for o, e in clashes:
+                if offset + size <= o:
+                    break
+                offset = max(offset, e)
+        else:
+            offset = max((e for _, e, _, _ in placed), default=0)
+        plan.buffers[name].offset = offset
+        placed.append((offset, offset + size, first, last))
+    plan.arena_bytes = max((e for _, e, _, _ in placed), default=0)
+    total = sum(-(-plan.buffers[n].nbytes // ALIGN) * ALIGN for n in life)
+    plan.log.append(f"memory: {len(life)} arena buffers, {total:,} B without reuse -> {plan.arena_bytes:,} B"
+                    + ("" if enabled else " (reuse switched off)"))
+    return plan

@@ -1,0 +1,130 @@
+"""The numpy twins' refusals, each message checked whole (the op, the argument, the dtype or shape),
+and the corners mutation testing found unchecked (tools/mutation.py ops/cpu): defaults, a
+softmax whose rows lie far apart, Adam's weight decay of exactly 1."""
+import numpy as np
+import pytest
+
+from cydnn.ops import cpu
+
+F32 = np.float32
+
+
+def i32(*shape):
+    return np.zeros(shape, np.int32)
+
+
+def f32(*shape):
+    return np.zeros(shape, F32)
+
+
+# op, call with int32 input, the argument named, its shape
+FORWARD = [
+    ("relu_forward", lambda: cpu.relu_forward(i32(2, 3)), "x", (2, 3)),
+    ("leaky_relu_forward", lambda: cpu.leaky_relu_forward(i32(2, 3)), "x", (2, 3)),
+    ("tanh_forward", lambda: cpu.tanh_forward(i32(4)), "x", (4,)),
+    ("sigmoid_forward", lambda: cpu.sigmoid_forward(i32(1, 5)), "x", (1, 5)),
+    ("dropout_forward", lambda: cpu.dropout_forward(i32(3, 2), 0.5, 0), "x", (3, 2)),
+    ("softmax", lambda: cpu.softmax(i32(2, 3)), "x", (2, 3)),
+    ("log_softmax", lambda: cpu.log_softmax(i32(2, 4)), "x", (2, 4)),
+    ("flatten", lambda: cpu.flatten(i32(2, 3, 4)), "x", (2, 3, 4)),
+    ("max_pool_forward", lambda: cpu.max_pool_forward(i32(1, 1, 4, 4), 2), "x", (1, 1, 4, 4)),
+    ("avg_pool_forward", lambda: cpu.avg_pool_forward(i32(1, 2, 4, 4), 2), "x", (1, 2, 4, 4)),
+    ("global_avg_pool_forward", lambda: cpu.global_avg_pool_forward(i32(1, 2, 3, 3)), "x", (1, 2, 3, 3)),
+    ("conv_forward", lambda: cpu.conv_forward(i32(1, 1, 5, 5), f32(2, 1, 3, 3), None), "x", (1, 1, 5, 5)),
+    ("linear_forward", lambda: cpu.linear_forward(i32(2, 4), f32(3, 4), None), "x", (2, 4)),
+    ("adam_update", lambda: cpu.adam_update(i32(2, 3), i32(2, 3), i32(2, 3), i32(2, 3), 1), "param", (2, 3)),
+    ("sgd_update", lambda: cpu.sgd_update(i32(2, 3), i32(2, 3), None, 0.1), "param", (2, 3)),
+]
+
+
+@pytest.mark.parametrize("op, call, arg, shape", FORWARD, ids=[f[0] for f in FORWARD])
+def test_int_input_is_refused_naming_the_op_argument_and_shape(op, call, arg, shape):
+    with pytest.raises(TypeError) as e:
+        call()
+    assert str(e.value) == f"{op}: {arg} has dtype int32; accepted: float32, float64 ({arg} {shape})"
+
+
+def _caches():
+    x = np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(F32)
+    return {
+        "relu_backward": (cpu.relu_backward, cpu.relu_forward(x)[1], "y", (1, 2, 4, 4)),
+        "leaky_relu_backward": (cpu.leaky_relu_backward, cpu.leaky_relu_forward(x)[1], "x", (1, 2, 4, 4)),
+        "tanh_backward": (cpu.tanh_backward, cpu.tanh_forward(x)[1], "y", (1, 2, 4, 4)),
+        "sigmoid_backward": (cpu.sigmoid_backward, cpu.sigmoid_forward(x)[1], "y", (1, 2, 4, 4)),
+        "dropout_backward": (cpu.dropout_backward, cpu.dropout_forward(x, 0.5, 1)[1], "mask", (1, 2, 4, 4)),
+        "max_pool_backward": (cpu.max_pool_backward, cpu.max_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
+        "avg_pool_backward": (cpu.avg_pool_backward, cpu.avg_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
+    }
+
+
+@pytest.mark.parametrize("op", list(_caches()))
+def test_backward_refuses_a_gradient_of_another_shape_or_dtype(op):
+    backward, cache, other, shape = _caches()[op]
+    wrong = (2,) + shape[1:]
+    with pytest.raises(ValueError) as e:
+        backward(np.zeros(wrong, F32), cache)
+    assert str(e.value) == f"{op}: dy has shape {wrong} but {other} has shape {shape}"
+    with pytest.raises(TypeError) as e:
+        backward(np.zeros(shape, np.float64), cache)
+    assert str(e.value) == f"{op}: dy has dtype float64 but {other} has dtype float32 (dy {shape})"
+    assert backward(np.ones(shape, F32), cache).dtype == F32       # the right gradient passes
+
+
+def test_array_helpers_default_to_float32():
+    assert cpu.zeros((2, 3)).dtype == F32 and cpu.zeros((2, 3)).shape == (2, 3)
+    assert not cpu.zeros((4,)).any()
+    assert cpu.empty((2,)).dtype == F32
+    assert cpu.zeros((2,), np.float64).dtype == np.float64
+
+
+def test_softmax_rows_far_apart_stay_exact():
+    """Each row is shifted by its own maximum: a row a thousand below another must not underflow."""
+    x = np.array([[0.0, 1000.0], [-1000.0, -1001.0], [5.0, 5.0]], np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    expected = e / e.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(cpu.softmax(x), expected, rtol=1e-12)
+    log_expected = x - x.max(axis=1, keepdims=True) - np.log(e.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(cpu.log_softmax(x), log_expected, rtol=1e-12)
+    assert cpu.log_softmax(x)[0, 0] == -1000.0                  # not -inf: log of an underflowed 0
+    assert np.isfinite(cpu.log_softmax(x)).all()
+
+
+def test_flatten_keeps_the_batch():
+    x = np.arange(24, dtype=F32).reshape(2, 3, 4)
+    np.testing.assert_array_equal(cpu.flatten(x), x.reshape(2, 12))
+
+
+def _adam_reference(p, g, m, v, step, lr, beta1, beta2, eps, wd, decoupled):
+    if decoupled:
+        p = p * (1 - lr * wd)
+    elif wd != 0:
+        g = g + wd * p
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    p = p - lr * (m / (1 - beta1 ** step)) / (np.sqrt(v / (1 - beta2 ** step)) + eps)
+    return p, m, v
+
+
+@pytest.mark.parametrize("wd, decoupled", [(1.0, False), (1.0, True), (0.0, False), (0.25, False)])
+def test_adam_update_weight_decay_including_exactly_one(wd, decoupled):
+    rng = np.random.default_rng(1)
+    p, g = rng.standard_normal(6), rng.standard_normal(6)
+    m, v = rng.standard_normal(6) * 0.1, rng.random(6) * 0.1
+    want = _adam_reference(p, g, m, v, 3, 0.01, 0.9, 0.999, 1e-8, wd, decoupled)
+    got = [p.copy(), g.copy(), m.copy(), v.copy()]
+    cpu.adam_update(got[0], got[1], got[2], got[3], 3, lr=0.01, weight_decay=wd, decoupled=decoupled)
+    for a, b in zip((got[0], got[2], got[3]), want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+def test_adam_update_defaults_are_pytorchs():
+    rng = np.random.default_rng(2)
+    p, g = rng.standard_normal(5), rng.standard_normal(5)
+    a = [p.copy(), g.copy(), np.zeros(5), np.zeros(5)]
+    b = [p.copy(), g.copy(), np.zeros(5), np.zeros(5)]
+    cpu.adam_update(*a, 1)
+    cpu.adam_update(*b, 1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, decoupled=False)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    want = _adam_reference(p, g, np.zeros(5), np.zeros(5), 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, False)
+    np.testing.assert_allclose(a[0], want[0], rtol=1e-12)

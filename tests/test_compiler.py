@@ -221,31 +221,39 @@ def _reference_steps(model, opt, batches):
                                       lambda p: optim.AdamW(p, lr=1e-3, weight_decay=0.01)],
                          ids=["sgd", "adam", "adamw"])
 def test_compiled_step_matches_the_reference_for_20_steps(name, make_opt):
-    """Same initial weights, same batches: the losses agree step by step, and the parameters after 20 steps
-    differ by at most 10% of how far the reference moved them (float32 summation orders differ between the
-    fused epilogues and the per-op kernels and momentum carries the difference on; the exactness of one step
-    is checked by the gradient test below).  A bias followed by batch norm has a gradient that is rounding
-    noise (the norm removes per-channel constants): Adam turns that noise into full steps, so such biases are
-    left out of the parameter comparison."""
+    """Same initial weights, same batches, 20 steps: the compiled path stays within ten times the distance the
+    per-op path itself travels when its starting weights move by one float32 ulp (its tolerance against
+    itself: float32 summation orders differ between the fused epilogues and the per-op kernels, and the
+    training dynamics -- momentum, Adam's normalisation -- carry any rounding difference on).  The one-step
+    test below checks each step's exactness.  A bias followed by batch norm has a gradient that is
+    rounding noise (the norm removes per-channel constants) and is left out of the comparison."""
     make, shape = ZOO[name]
     batches = _batches(shape)
-    ref = make().to("cuda")
-    start = [p.data.numpy() for p in ref.parameters()]
-    ref_losses = _reference_steps(ref, make_opt(ref.parameters()), batches)
+    ref, ref_losses = _reference_run(make, make_opt, batches)
+    nudged, nudged_losses = _reference_run(make, make_opt, batches, ulp=True)
     model = make().to("cuda")
     step = cydnn.compile(model, make_opt(model.parameters()), batch_size=64)
     losses = [float(step(x, y)) for x, y in batches]
     assert step.info()["mode"] == "graph", step.info()
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4, atol=2e-5)
+    self_loss = np.abs(np.subtract(nudged_losses, ref_losses))
+    assert np.all(np.abs(np.subtract(losses, ref_losses)) <= 10 * self_loss + 2e-5 * np.abs(ref_losses)), \
+        (losses, ref_losses, self_loss)
     before_norm = _biases_before_norm(model)
-    for (n, a), (_, b), s in zip(model.named_parameters(), ref.named_parameters(), start):
+    for (n, a), (_, b), (_, c) in zip(model.named_parameters(), ref.named_parameters(), nudged.named_parameters()):
         assert a.grad is not None
         if n in before_norm:
             continue
-        got, want = a.data.numpy(), b.data.numpy()
-        moved = np.abs(want - s).max()
-        assert moved > 0, n
-        assert np.abs(got - want).max() <= 0.1 * moved + 1e-6, (n, np.abs(got - want).max(), moved)
+        got, want, near = a.data.numpy(), b.data.numpy(), c.data.numpy()
+        self_diff = np.abs(near - want).max()
+        assert np.abs(got - want).max() <= 10 * self_diff + 1e-6, (n, np.abs(got - want).max(), self_diff)
+
+
+def _reference_run(make, make_opt, batches, ulp=False):
+    model = make().to("cuda")
+    if ulp:
+        for p in model.parameters():
+            p.data = ops.cuda.asarray(np.nextafter(p.data.numpy(), np.float32(np.inf)))
+    return model, _reference_steps(model, make_opt(model.parameters()), batches)
 
 
 def _biases_before_norm(model):
@@ -269,8 +277,8 @@ def test_one_compiled_step_gives_the_reference_gradients(name):
     for (n, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
         g, want = a.grad.numpy(), b.grad.numpy()
         scale = max(np.abs(want).max(), 1e-6)
-        if n in _biases_before_norm(model):
-            scale = max(scale, 1e-3 * max(np.abs(q.grad.numpy()).max() for q in ref.parameters()))
+        if n in _biases_before_norm(model):      # a true gradient of 0: both are rounding noise
+            scale = max(scale, 0.1 * max(np.abs(q.grad.numpy()).max() for q in ref.parameters()))
         assert np.abs(g - want).max() <= 1e-4 * scale, (n, np.abs(g - want).max(), scale)
 
 
@@ -387,3 +395,54 @@ def test_compiled_batch_norm_updates_running_statistics_as_the_reference():
         models.append(model)
     for (n, a), (_, b) in zip(models[0].named_buffers(), models[1].named_buffers()):
         np.testing.assert_allclose(ops.cuda.to_numpy(a), ops.cuda.to_numpy(b), rtol=1e-4, atol=1e-5, err_msg=n)
+
+
+@gpu
+def test_compiled_step_refuses_bad_batches_before_any_gpu_work():
+    model = mlp().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.1), batch_size=8)
+    x = np.zeros((8, 1, 28, 28), np.float32)
+    y = np.zeros(8, np.int64)
+    calls = []
+    real = cydnn._C.graph_begin
+    try:
+        cydnn._C.graph_begin = lambda: calls.append(1) or real()
+        cases = [((x[:4], y[:4]), ValueError, r"compiled for batches of 8"),
+                 ((x.astype(np.float64), y), TypeError, "must be float32"),
+                 ((x, y[:7]), ValueError, r"y must be 8 integer labels"),
+                 ((x, y + 10), ValueError, r"labels must be in \[0, 10\), got \[10, 10\]"),
+                 ((x.reshape(8, 1, 14, 56), y), ValueError, r"cannot take input|Linear"),
+                 (([1, 2], y), TypeError, "numpy array or DeviceArray")]
+        for args, error, match in cases:
+            with pytest.raises(error, match=match):
+                step(*args)
+        assert not calls                       # nothing was planned or captured
+    finally:
+        cydnn._C.graph_begin = real
+
+
+@gpu
+@pytest.mark.parametrize("how", ["parameter", "data", "load_state_dict", "to"])
+def test_compiled_step_follows_replaced_parameters(how):
+    """Between compiled steps the model's weights are replaced as a user may; the next step computes with the
+    new weights: its loss equals the reference loss from those weights."""
+    batches = _batches((1, 28, 28), steps=2)
+    model = mlp().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=64)
+    step(*batches[0])
+    other = mlp(rng=11)
+    if how == "parameter":        # a new Parameter the optimizer does not hold: refused, with the reason
+        model[1].weight = nn.Parameter(ops.cuda.asarray(other[1].weight.data))
+        with pytest.raises(ValueError, match="does not hold exactly the model's parameters"):
+            step(*batches[1])
+        return
+    if how == "data":
+        model[1].weight.data = ops.cuda.asarray(other[1].weight.data)
+    elif how == "load_state_dict":
+        model.load_state_dict(other.state_dict())
+    else:
+        model.to("cpu").to("cuda")
+    ref = mlp().to("cuda")
+    ref.load_state_dict({k: ops.cuda.to_numpy(v) for k, v in model.state_dict().items()})
+    want = _reference_steps(ref, optim.SGD(ref.parameters(), lr=0.0), batches[1:])[0]
+    assert float(step(*batches[1])) == pytest.approx(want, rel=1e-5)

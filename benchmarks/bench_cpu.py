@@ -28,6 +28,10 @@ the layers and the update.  cydnn runs with the kernels chosen by
 ``--kernels`` (numpy, cython or auto; default auto), PyTorch eagerly with
 autograd.
 
+``--competing-load N`` starts N busy processes (``while True: pass``) before
+the first timed epoch and stops them after the last: the CPU path under load
+(issue 17 asks for at most 2x slower with one).
+
 PyTorch is optional; it runs with ``torch.set_num_threads(--torch-threads)``
 (default 2, this machine's cores).  numpy's BLAS uses its own default (see
 the ``blas`` entry of the JSON, from threadpoolctl when installed).  Import
@@ -38,6 +42,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -259,7 +264,7 @@ def _summary(seconds, images, losses):
 
 
 def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, use_torch=True, torch_threads=2,
-        warmup_batches=10, log=None, network_only=False, kernels="auto"):
+        warmup_batches=10, log=None, network_only=False, kernels="auto", competing_load=0):
     """Time ``repeats`` epochs of each framework (alternating); returns a JSON-able dict.
 
     Keys: ``config``; ``machine`` (numpy, BLAS, load averages, the OPENBLAS_*
@@ -292,18 +297,24 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
     loads = [os.getloadavg()[0]]
     seconds = {name: [] for name, _ in frameworks}
     losses = {name: [] for name, _ in frameworks}
-    for r in range(repeats):
-        for name, epoch in (frameworks if r % 2 == 0 else frameworks[::-1]):  # alternate who goes first
-            s, loss = epoch(images, labels, mean, std, batch_size, warmup_batches)
-            seconds[name].append(s)
-            losses[name].append(loss)
-            loads.append(os.getloadavg()[0])
-            log(f"repeat {r + 1}/{repeats} {name}: {s:.2f} s, {len(images) / s:,.0f} images/s, "
-                f"mean loss {loss:.4f} (load average {loads[-1]:.2f})")
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(competing_load)]
+    try:
+        for r in range(repeats):
+            for name, epoch in (frameworks if r % 2 == 0 else frameworks[::-1]):  # alternate who goes first
+                s, loss = epoch(images, labels, mean, std, batch_size, warmup_batches)
+                seconds[name].append(s)
+                losses[name].append(loss)
+                loads.append(os.getloadavg()[0])
+                log(f"repeat {r + 1}/{repeats} {name}: {s:.2f} s, {len(images) / s:,.0f} images/s, "
+                    f"mean loss {loss:.4f} (load average {loads[-1]:.2f})")
+    finally:
+        for proc in busy:  # the processes this run started, by their handles
+            proc.kill()
+            proc.wait()
 
     result = {
         "config": {"train_images": len(images), "batch_size": batch_size, "repeats": repeats,
-                   "warmup_batches": warmup_batches,
+                   "warmup_batches": warmup_batches, "competing_load": competing_load,
                    "mode": "network only" if network_only else "training loop",
                    "max_shift": 0 if network_only else MAX_SHIFT, "cydnn_kernels": cpu.get_kernels(),
                    "optimizer": (f"SGD lr {NET_LR}, momentum {NET_MOMENTUM}" if network_only else
@@ -329,8 +340,9 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
 def format_table(result):
     """The result as a Markdown table plus a line comparing the two."""
     cfg = result["config"]
+    load = f", {cfg['competing_load']} competing busy processes" if cfg.get("competing_load") else ""
     lines = [f"LeNet-5, one epoch ({cfg.get('mode', 'training loop')}) of {cfg['train_images']:,} MNIST images "
-             f"at batch {cfg['batch_size']}, {cfg['repeats']} repeats; images/s of the median epoch [min-max]",
+             f"at batch {cfg['batch_size']}, {cfg['repeats']} repeats{load}; images/s of the median epoch [min-max]",
              "| framework | median s | images/s |", "|---|---|---|"]
     for name, label in (("cydnn", f"cydnn (CPU, {cfg.get('cydnn_kernels', 'numpy')} kernels)"),
                         ("torch", "PyTorch CPU")):
@@ -359,12 +371,14 @@ def main(argv=None):
                    help="time the bare network: normalised float input, no shifts, SGD with momentum, no schedule")
     p.add_argument("--kernels", choices=["auto", "cython", "numpy"], default="auto",
                    help="cydnn's CPU kernels (cydnn.ops.cpu.set_kernels)")
+    p.add_argument("--competing-load", type=int, default=0, metavar="N",
+                   help="run N busy processes (while True: pass) during the timed epochs")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
     args = p.parse_args(argv)
     result = run(limit_train=args.limit_train, batch_size=args.batch_size, repeats=args.repeats, mnist=args.mnist,
                  data_dir=args.data_dir, use_torch=not args.no_torch, torch_threads=args.torch_threads,
                  warmup_batches=args.warmup_batches, log=lambda msg: print(msg, file=sys.stderr, flush=True),
-                 network_only=args.network_only, kernels=args.kernels)
+                 network_only=args.network_only, kernels=args.kernels, competing_load=args.competing_load)
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

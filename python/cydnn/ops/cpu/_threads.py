@@ -14,8 +14,9 @@ anyway, so:
   ``OPENBLAS_NUM_THREADS``) is never exceeded.
 
 The setting is changed only for the call and restored after it
-(threadpoolctl's per-library controllers; a get and a set are a few hundred
-nanoseconds).  The compiled kernels (``_kernels``) get their OpenMP thread
+(threadpoolctl's per-library controllers, which also keep one Python thread
+from changing a limit another thread set; a get and two sets cost a few
+microseconds, small beside a product).  The compiled kernels (``_kernels``) get their OpenMP thread
 count the same way from the number of elements they touch
 (:func:`omp_threads`, ``PARALLEL_ELEMENTS``).
 

@@ -143,7 +143,9 @@ def _backward_compiled(compiled, dy, cache, need_dx):
         compiled.nchw_to_rows_bi(dy, d, threads(d.size))
     else:
         compiled.nchw_to_rows(dy, d, False, threads(d.size))
-    dw = _threads.matmul(d, cols.T).reshape(w.shape)
+    # dW^T = cols @ D^T: the same sums, and OpenBLAS runs this orientation of the long, thin
+    # product ~1.3-1.5x faster than D @ cols.T (measured for LeNet's two layers)
+    dw = np.ascontiguousarray(_threads.matmul(cols, d.T).T).reshape(w.shape)
     db = d.sum(axis=1) if has_bias else None
     if not need_dx:
         return None, dw, db

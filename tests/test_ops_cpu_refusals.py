@@ -128,3 +128,51 @@ def test_adam_update_defaults_are_pytorchs():
         np.testing.assert_array_equal(x, y)
     want = _adam_reference(p, g, np.zeros(5), np.zeros(5), 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, False)
     np.testing.assert_allclose(a[0], want[0], rtol=1e-12)
+
+
+# ------------------------------------------------------------- pooling corners
+def _adjoint_gap(forward, backward, x, rng):
+    """A pooling op is linear in x for a fixed choice of maxima, so its backward is its adjoint:
+    <forward(x), dy> == <x, backward(dy)>.  Returns the relative gap (0 up to rounding)."""
+    y, cache = forward(x)
+    dy = rng.standard_normal(y.shape).astype(x.dtype)
+    dx = backward(dy, cache)
+    assert dx.shape == x.shape and dx.dtype == x.dtype and y.dtype == x.dtype
+    left, right = float(np.sum(y.astype(np.float64) * dy)), float(np.sum(x.astype(np.float64) * dx))
+    return abs(left - right) / max(1.0, abs(left))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, kernel, stride, padding", [
+    ((2, 3, 8, 6), 2, None, 0),                 # the tiled path: stride == kernel, no padding, divisible
+    ((2, 3, 9, 7), 2, None, 0),                 # not divisible: the general path
+    ((1, 2, 7, 6), 3, 2, (1, 0)),               # padding on one axis only
+    ((1, 2, 6, 7), 3, 2, (0, 1)),
+    ((1, 1, 17, 17), 17, None, 0),              # 289 offsets: more than a uint8 holds
+    ((1, 1, 1, 257), (1, 257), None, 0),        # 257 offsets
+])
+def test_pool_backward_is_the_adjoint_of_forward(dtype, shape, kernel, stride, padding):
+    rng = np.random.default_rng(3)
+    x = rng.permutation(np.prod(shape)).reshape(shape).astype(dtype) - np.prod(shape)   # distinct, all < 0
+    for fwd, bwd in ((cpu.max_pool_forward, cpu.max_pool_backward), (cpu.avg_pool_forward, cpu.avg_pool_backward)):
+        gap = _adjoint_gap(lambda a: fwd(a, kernel, stride, padding), bwd, x, rng)
+        assert gap < (1e-5 if dtype == np.float32 else 1e-12), (fwd.__name__, gap)
+
+
+def test_max_pool_pads_with_minus_infinity_and_defaults_to_two():
+    x = -np.arange(1, 17, dtype=F32).reshape(1, 1, 4, 4)          # every value below zero
+    y, _ = cpu.max_pool_forward(x, 3, 1, 1)
+    assert (y < 0).all()                                           # the padding never wins
+    assert y[0, 0, 0, 0] == -1.0 and y[0, 0, 3, 3] == -11.0
+    np.testing.assert_array_equal(cpu.max_pool_forward(x)[0], cpu.max_pool_forward(x, 2, 2, 0)[0])
+    np.testing.assert_array_equal(cpu.max_pool_forward(x)[0], [[[[-1, -3], [-9, -11]]]])
+
+
+def test_linear_checks_its_bias_and_skips_dx_when_asked():
+    x, w = np.ones((2, 4), F32), np.ones((3, 4), F32)
+    with pytest.raises(ValueError, match=r"^linear_forward: b"):
+        cpu.linear_forward(x, w, np.ones(4, F32))
+    y, cache = cpu.linear_forward(x, w, np.ones(3, F32))
+    dx, dw, db = cpu.linear_backward(np.ones((2, 3), F32), cache, need_dx=False)
+    assert dx is None and dw.shape == (3, 4) and db.shape == (3,)
+    assert cpu.linear_backward(np.ones((2, 3), F32), cache)[0].shape == (2, 4)

@@ -67,7 +67,7 @@ def sources_and_tests(name, root=ROOT):
     return sources, tests, missing
 
 
-def stage(scratch, sources, tests):
+def stage(scratch, sources, tests, skip=()):
     """The scratch copy: src/cydnn (with the built extension), tests/, and a pyproject.toml with
     the project's pytest settings plus mutmut's."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.c", "*.cpp", "build")
@@ -81,6 +81,7 @@ def stage(scratch, sources, tests):
     text += ("\n[tool.mutmut]\n"
              f"source_paths = {toml_list('src/' + s for s in sources)}\n"
              'also_copy = ["src/cydnn"]\n'
+             f"do_not_mutate = {toml_list('src/' + p for p in skip)}\n"
              f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
              'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n')
     (scratch / "pyproject.toml").write_text(text)
@@ -152,7 +153,7 @@ def run_module(name, scratch_root, args):
         return None
     scratch = scratch_root / name.replace("/", "_")
     shutil.rmtree(scratch, ignore_errors=True)
-    stage(scratch, sources, tests)
+    stage(scratch, sources, tests, args.skip)
     print(f"{name:14s} mutating python/{' python/'.join(sources)} against {' '.join(tests)} ...", flush=True)
     started = time.monotonic()
     out = mutmut("run", "--max-children", str(args.jobs), cwd=scratch, capture=True)
@@ -185,6 +186,8 @@ def main(argv=None):
     p.add_argument("--survivors", action="store_true", help="print each surviving mutant's change")
     p.add_argument("--json", action="store_true", help="put the survivors' changes in build/mutation/*.json")
     p.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
+    p.add_argument("--skip", action="append", default=[], metavar="GLOB",
+                   help="files not to mutate, under python/ (e.g. 'cydnn/ops/cpu/norm.py'); repeatable")
     p.add_argument("--min-score", type=float, default=None, help="exit 1 if a module scores below this (0-1)")
     p.add_argument("--keep", metavar="DIR", help="stage in DIR and keep it (mutmut browse/show work there)")
     args = p.parse_args(argv)

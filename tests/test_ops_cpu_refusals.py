@@ -54,6 +54,8 @@ def _caches():
         "dropout_backward": (cpu.dropout_backward, cpu.dropout_forward(x, 0.5, 1)[1], "mask", (1, 2, 4, 4)),
         "max_pool_backward": (cpu.max_pool_backward, cpu.max_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
         "avg_pool_backward": (cpu.avg_pool_backward, cpu.avg_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
+        "linear_backward": (cpu.linear_backward, cpu.linear_forward(x.reshape(1, 32), np.ones((3, 32), F32),
+                                                                    None)[1], "y", (1, 3)),
     }
 
 
@@ -67,7 +69,8 @@ def test_backward_refuses_a_gradient_of_another_shape_or_dtype(op):
     with pytest.raises(TypeError) as e:
         backward(np.zeros(shape, np.float64), cache)
     assert str(e.value) == f"{op}: dy has dtype float64 but {other} has dtype float32 (dy {shape})"
-    assert backward(np.ones(shape, F32), cache).dtype == F32       # the right gradient passes
+    out = backward(np.ones(shape, F32), cache)                   # the right gradient passes
+    assert (out[0] if isinstance(out, tuple) else out).dtype == F32
 
 
 def test_array_helpers_default_to_float32():
@@ -153,7 +156,9 @@ def _adjoint_gap(forward, backward, x, rng):
 ])
 def test_pool_backward_is_the_adjoint_of_forward(dtype, shape, kernel, stride, padding):
     rng = np.random.default_rng(3)
-    x = rng.permutation(np.prod(shape)).reshape(shape).astype(dtype) - np.prod(shape)   # distinct, all < 0
+    size = int(np.prod(shape))
+    x = (rng.permutation(size).reshape(shape) - size).astype(dtype)        # distinct values, all < 0
+    assert x.dtype == dtype
     for fwd, bwd in ((cpu.max_pool_forward, cpu.max_pool_backward), (cpu.avg_pool_forward, cpu.avg_pool_backward)):
         gap = _adjoint_gap(lambda a: fwd(a, kernel, stride, padding), bwd, x, rng)
         assert gap < (1e-5 if dtype == np.float32 else 1e-12), (fwd.__name__, gap)
@@ -176,3 +181,71 @@ def test_linear_checks_its_bias_and_skips_dx_when_asked():
     dx, dw, db = cpu.linear_backward(np.ones((2, 3), F32), cache, need_dx=False)
     assert dx is None and dw.shape == (3, 4) and db.shape == (3,)
     assert cpu.linear_backward(np.ones((2, 3), F32), cache)[0].shape == (2, 4)
+
+
+# ------------------------------------------------- losses, updates, activations
+def test_cross_entropy_checks_labels_by_default():
+    logits = np.zeros((2, 3), F32)
+    with pytest.raises(ValueError) as e:
+        cpu.softmax_cross_entropy(logits, np.array([0, 5]))
+    assert str(e.value) == ("softmax_cross_entropy: labels[1] = 5 is out of range [0, 3) "
+                            "(logits (2, 3), labels (2,))")
+    with pytest.raises(TypeError) as e:
+        cpu.softmax_cross_entropy(i32(2, 3), np.array([0, 1]))
+    assert str(e.value) == "softmax_cross_entropy: logits has dtype int32; accepted: float32, float64 (logits (2, 3))"
+
+
+def _sgd_reference(p, g, buf, lr, momentum, dampening, wd, nesterov, first):
+    g = g + wd * p
+    if momentum != 0:
+        buf = g.copy() if first else momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf if nesterov else buf
+    return p - lr * g, buf
+
+
+@pytest.mark.parametrize("momentum, dampening, wd, nesterov, first", [
+    (0.0, 0.0, 1.0, False, False),            # weight decay of exactly 1
+    (0.9, 1.0, 0.0, False, False),            # dampening of exactly 1: the gradient adds nothing
+    (0.9, 0.0, 0.0, False, False),
+    (0.9, 0.0, 0.5, True, True),
+])
+def test_sgd_update_against_the_rule(momentum, dampening, wd, nesterov, first):
+    rng = np.random.default_rng(4)
+    p, g, buf = rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5)
+    want_p, want_buf = _sgd_reference(p, g, buf, 0.1, momentum, dampening, wd, nesterov, first)
+    got_p, got_buf = p.copy(), buf.copy()
+    cpu.sgd_update(got_p, g.copy(), got_buf if momentum else None, 0.1, momentum=momentum, dampening=dampening,
+                   weight_decay=wd, nesterov=nesterov, first_step=first)
+    np.testing.assert_allclose(got_p, want_p, rtol=1e-12)
+    if momentum:
+        np.testing.assert_allclose(got_buf, want_buf, rtol=1e-12)
+
+
+def test_sgd_update_defaults_and_nesterov_check():
+    rng = np.random.default_rng(5)
+    p, g, buf = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4)
+    a, abuf = p.copy(), buf.copy()
+    cpu.sgd_update(a, g, abuf, 0.1, momentum=0.5)          # defaults: no decay, a later step
+    want_p, want_buf = _sgd_reference(p, g, buf, 0.1, 0.5, 0.0, 0.0, False, False)
+    np.testing.assert_allclose(a, want_p, rtol=1e-12)
+    np.testing.assert_allclose(abuf, want_buf, rtol=1e-12)
+    with pytest.raises(ValueError) as e:
+        cpu.sgd_update(p.copy(), g, None, 0.1, nesterov=True)
+    assert str(e.value) == ("sgd_update: nesterov needs momentum > 0 and dampening == 0, "
+                            "got momentum 0.0, dampening 0.0")
+
+
+def test_adam_update_couples_weight_decay_by_default():
+    rng = np.random.default_rng(6)
+    p, g = rng.standard_normal(5), rng.standard_normal(5)
+    a = [p.copy(), g.copy(), np.zeros(5), np.zeros(5)]
+    cpu.adam_update(*a, 1, lr=0.01, weight_decay=0.5)
+    want = _adam_reference(p, g, np.zeros(5), np.zeros(5), 1, 0.01, 0.9, 0.999, 1e-8, 0.5, False)
+    np.testing.assert_allclose(a[0], want[0], rtol=1e-12)
+
+
+def test_leaky_relu_gradient_at_zero_is_the_slope():
+    """As PyTorch: x > 0 passes dy, x <= 0 (zero included) scales it by the slope."""
+    x = np.array([-1.0, 0.0, 2.0], F32)
+    _, cache = cpu.leaky_relu_forward(x, 0.25)
+    np.testing.assert_array_equal(cpu.leaky_relu_backward(np.ones(3, F32), cache), [0.25, 0.25, 1.0])

@@ -1,4 +1,6 @@
-"""Build cydnn: nvcc compiles cpp/*.cu, the objects are linked into one Cython extension.
+"""Build cydnn: nvcc compiles cpp/*.cu, the objects are linked into one Cython extension (cydnn._C);
+the CPU kernels are a second, plain C extension with OpenMP (cydnn.ops.cpu._kernels), which needs
+neither CUDA nor a GPU.
 
     pip install -e .                          # a fresh machine (fetches what it lacks)
     pip install --no-build-isolation -e .     # offline, with the build requirements installed
@@ -7,10 +9,15 @@ Environment knobs:
     NVCC, CUDA_HOME, CUDA_PATH   where to find nvcc (see build_tools/cuda_toolchain.py)
     CYDNN_CUDA_ARCHS             e.g. "90" to build one architecture while developing
                                  (default: sm_80 and sm_90 cubins plus compute_90 PTX)
+    CYDNN_BUILD_CACHE            the object cache folder (default $XDG_CACHE_HOME/cydnn/build or
+                                 ~/.cache/cydnn/build; "off" to compile everything every time):
+                                 nvcc objects are reused when the source, the headers, the command
+                                 line and the compilers are unchanged (build_tools/object_cache.py)
 """
 import concurrent.futures
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -20,10 +27,17 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "build_tools"))
 import cuda_toolchain  # noqa: E402
+import object_cache  # noqa: E402
 
+CUDA_EXTENSION = "cydnn._C"
 CPP_DIR = os.path.join("cpp")
 CU_SOURCES = sorted(glob.glob(os.path.join(CPP_DIR, "*.cu")))
 CU_HEADERS = sorted(glob.glob(os.path.join(CPP_DIR, "*.h")) + glob.glob(os.path.join(CPP_DIR, "*.cuh")))
+
+
+def say(message):
+    """A line on stderr (shown by `pip install -v`; setuptools' announce drops its own levels)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def arch_flags():
@@ -47,14 +61,15 @@ class BuildExtWithCuda(build_ext):
         missing = tc.missing()
         if missing:
             raise RuntimeError("cannot build cydnn, missing:\n  - " + "\n  - ".join(missing))
-        self.announce(f"cydnn: nvcc {tc.nvcc}; cuDNN from the {tc.cudnn.source} ({tc.cudnn.lib_dir}); "
-                      f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); "
-                      f"CUDA runtime {tc.cudart_lib_dir}", level=3)
+        say(f"cydnn: nvcc {tc.nvcc}; cuDNN from the {tc.cudnn.source} ({tc.cudnn.lib_dir}); "
+            f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); CUDA runtime {tc.cudart_lib_dir}")
         staged = cuda_toolchain.stage_headers(tc, os.path.join(os.path.abspath(self.build_temp), "cuda_include"))
         objects = self.compile_cuda(tc, staged)
 
         import numpy
         for ext in self.extensions:
+            if ext.name != CUDA_EXTENSION:
+                continue
             ext.extra_objects += objects
             ext.include_dirs += [CPP_DIR, numpy.get_include()]
             ext.library_dirs += list(dict.fromkeys([tc.cudart_lib_dir, tc.cublas.lib_dir, tc.cudnn.lib_dir]))
@@ -65,41 +80,98 @@ class BuildExtWithCuda(build_ext):
             # builds rely on cydnn/_libs.py, which preloads them by path.
             ext.extra_link_args += ["-Wl,-rpath,$ORIGIN/../nvidia/cu13/lib",
                                     "-Wl,-rpath,$ORIGIN/../nvidia/cudnn/lib"]
+        self.compiler.compile = self.cached_compile(self.compiler.compile)
         super().build_extensions()
 
+    def cached_compile(self, compile_fn):
+        """The host compiler's ``compile``, taking each object from the object cache when there.
+
+        The key: the generated C/C++ source (which holds everything Cython took from the .pyx,
+        .pxi and .pxd files), cpp/*.h, the compiler's command line and ``--version``, and the
+        Python and numpy whose headers it includes.  The temporary build folder is not part of it.
+        """
+        import sysconfig
+
+        import numpy
+        cache = object_cache.cache_dir()
+        toolchain = (object_cache.tool_identity([self.compiler.compiler_so[0]])
+                     + f"\npython {sys.version} {sysconfig.get_config_var('EXT_SUFFIX')}\nnumpy {numpy.__version__}")
+
+        def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
+                    extra_postargs=None, depends=None):
+            objects = self.compiler.object_filenames(sources, output_dir=output_dir)
+            cmd = (list(self.compiler.compiler_so) + [repr(m) for m in (macros or [])] + list(include_dirs or [])
+                   + list(extra_preargs or []) + list(extra_postargs or []) + [f"debug={debug}"])
+            keys = [object_cache.object_key(src, [os.path.abspath(h) for h in CU_HEADERS], cmd + [src], toolchain)
+                    for src in sources]
+            missed = [(src, obj, key) for src, obj, key in zip(sources, objects, keys)
+                      if self.force or not object_cache.fetch(cache, key, obj)]
+            if missed:
+                compile_fn([src for src, _, _ in missed], output_dir=output_dir, macros=macros,
+                           include_dirs=include_dirs, debug=debug, extra_preargs=extra_preargs,
+                           extra_postargs=extra_postargs, depends=depends)
+                for _, obj, key in missed:
+                    object_cache.store(cache, key, obj)
+            say(f"cydnn: {len(sources) - len(missed)} of {len(sources)} host objects from the cache ({cache or 'off'})")
+            return objects
+
+        return compile
+
     def compile_cuda(self, tc, staged_include):
+        """nvcc -c every cpp/*.cu, each object taken from the object cache when its key is there."""
         out_dir = os.path.join(os.path.abspath(self.build_temp), "cuda")
         os.makedirs(out_dir, exist_ok=True)
-        newest_header = max(os.path.getmtime(h) for h in CU_HEADERS)
+        cpp_dir = os.path.abspath(CPP_DIR)
         base = [tc.nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--threads", "1",
-                "-I" + os.path.abspath(CPP_DIR), "-I" + staged_include] + arch_flags()
+                "-I" + cpp_dir, "-I" + staged_include] + arch_flags()
+        cache = object_cache.cache_dir()
+        headers = [os.path.abspath(h) for h in CU_HEADERS] + sorted(glob.glob(os.path.join(staged_include, "*.h")))
+        toolchain = object_cache.tool_identity([tc.nvcc], [shutil.which("gcc") or "gcc"])
+        hits = []
 
         def compile_one(src):
+            src = os.path.abspath(src)
             obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
-            if (os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
-                    and not self.force):
+            cmd = base + ["-c", src, "-o", obj]
+            key = object_cache.object_key(src, headers, cmd, toolchain, replacements=[
+                (obj, "<object>"), (src, "<source>"), (cpp_dir, "<cpp>"), (staged_include, "<cuda_include>")])
+            if not self.force and object_cache.fetch(cache, key, obj):
+                hits.append(src)
                 return obj
-            cmd = base + ["-c", os.path.abspath(src), "-o", obj]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"nvcc failed on {src}:\n{' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
+            object_cache.store(cache, key, obj)
             return obj
 
         workers = max(1, min(len(CU_SOURCES), os.cpu_count() or 1))
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(compile_one, CU_SOURCES))
+            objects = list(pool.map(compile_one, CU_SOURCES))
+        say(f"cydnn: {len(hits)} of {len(objects)} CUDA objects from the cache ({cache or 'off'})")
+        return objects
 
 
 def extensions():
     from Cython.Build import cythonize
     ext = Extension(
-        "cydnn._C",
+        CUDA_EXTENSION,
         sources=[os.path.join("python", "cydnn", "_C.pyx")],
         language="c++",
         extra_compile_args=["-O2", "-std=c++17"],
     )
-    return cythonize([ext], compiler_directives={"language_level": 3, "embedsignature": True},
-                     include_path=[os.path.join("python", "cydnn")])
+    # The CPU kernels: plain C, OpenMP, no CUDA.  -ffp-contract=off keeps a*b + c two roundings,
+    # as in numpy (the tests compare the kernels with the numpy twin bit for bit where they can).
+    kernels = Extension(
+        "cydnn.ops.cpu._kernels",
+        sources=[os.path.join("python", "cydnn", "ops", "cpu", "_kernels.pyx")],
+        language="c",
+        extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+        extra_link_args=["-fopenmp"],
+    )
+    directives = {"language_level": 3, "embedsignature": True}
+    return (cythonize([ext], compiler_directives=directives, include_path=[os.path.join("python", "cydnn")])
+            # its generated C goes to build/cython, not beside the .pyx
+            + cythonize([kernels], compiler_directives=directives, build_dir=os.path.join("build", "cython")))
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithCuda})

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""One LeNet-5 training epoch on the CPU: cydnn's numpy backend against PyTorch's CPU build.
+"""One LeNet-5 training epoch on the CPU: cydnn's CPU backend against PyTorch's CPU build.
 
     PYTHONPATH=python python3 benchmarks/bench_cpu.py                  # MNIST train set, batch 64, 3 repeats
     PYTHONPATH=python python3 benchmarks/bench_cpu.py --limit-train 10000 --repeats 5 --json out.json
+    PYTHONPATH=python python3 benchmarks/bench_cpu.py --network-only    # the network alone (see below)
 
 Both sides run the loop of ``python -m cydnn.train --device cpu`` for one
 epoch: LeNet-5 (modern: conv 5x5x6, ReLU, max-pool, conv 5x5x16, ReLU,
@@ -17,6 +18,15 @@ torch ops.  An epoch's time is the host clock around its loop (batches
 included), after an untimed warm-up of a few batches.  The repeats alternate
 between the two frameworks, so that a busy machine slows both alike; the
 table gives the median and the spread (min..max).
+
+``--network-only`` times the network alone: the images are converted once,
+before timing, to float32 ``(pixel / 255 - mean) / std`` (no shifts), and
+each step is forward, mean cross-entropy, backward and SGD with momentum 0.9
+(lr 0.01, no Nesterov, no weight decay, no schedule) on the next slice of
+64 (``--batch-size``) images, in the same order on both sides: nothing but
+the layers and the update.  cydnn runs with the kernels chosen by
+``--kernels`` (numpy, cython or auto; default auto), PyTorch eagerly with
+autograd.
 
 PyTorch is optional; it runs with ``torch.set_num_threads(--torch-threads)``
 (default 2, this machine's cores).  numpy's BLAS uses its own default (see
@@ -159,6 +169,75 @@ def torch_epoch(images, labels, mean, std, batch_size, warmup_batches):
     return time.perf_counter() - start, loss
 
 
+# ------------------------------------------------------------ network only
+
+NET_LR, NET_MOMENTUM = 0.01, 0.9
+
+
+def normalised(images, mean, std):
+    """float32 (N, 1, H, W): ``(pixel / 255 - mean) / std``, done once before any timing."""
+    x = images.astype(np.float32) / np.float32(255)
+    return ((x - np.float32(mean)) / np.float32(std))[:, None]
+
+
+def cydnn_network_epoch(x, labels, batch_size, warmup_batches):
+    """(seconds, mean loss) of one epoch of the bare network in cydnn on the CPU."""
+    from cydnn import models, nn, optim
+    model = models.LeNet5(seed=SEED).to("cpu")
+    model.train()
+    optimizer = optim.SGD(model.parameters(), lr=NET_LR, momentum=NET_MOMENTUM)
+    loss_fn = nn.CrossEntropyLoss()
+    y = labels.astype(np.int32)
+
+    def epoch(max_batches):
+        losses = []
+        for i in range(min(max_batches, -(-len(x) // batch_size))):
+            sl = slice(i * batch_size, (i + 1) * batch_size)
+            losses.append(loss_fn(model(x[sl]), y[sl]))
+            model.backward(loss_fn.backward())
+            optimizer.step()
+        return float(np.mean([float(v) for v in losses]))
+
+    if warmup_batches:
+        epoch(warmup_batches)
+    start = time.perf_counter()
+    loss = epoch(len(x))
+    return time.perf_counter() - start, loss
+
+
+def torch_network_epoch(x, labels, batch_size, warmup_batches):
+    """(seconds, mean loss) of the same epoch in PyTorch (eager, autograd) from the same weights."""
+    import torch
+    from cydnn import models
+    tnn = torch.nn
+    model = tnn.Sequential(tnn.Conv2d(1, 6, 5), tnn.ReLU(), tnn.MaxPool2d(2), tnn.Conv2d(6, 16, 5), tnn.ReLU(),
+                           tnn.MaxPool2d(2), tnn.Flatten(), tnn.Linear(256, 120), tnn.ReLU(),
+                           tnn.Linear(120, 84), tnn.ReLU(), tnn.Linear(84, 10))
+    with torch.no_grad():
+        for p, w in zip(model.parameters(), models.LeNet5(seed=SEED).state_dict().values()):
+            p.copy_(torch.from_numpy(w))
+    optimizer = torch.optim.SGD(model.parameters(), lr=NET_LR, momentum=NET_MOMENTUM)
+    loss_fn = tnn.CrossEntropyLoss()
+    tx, ty = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
+
+    def epoch(max_batches):
+        losses = []
+        for i in range(min(max_batches, -(-len(x) // batch_size))):
+            sl = slice(i * batch_size, (i + 1) * batch_size)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(tx[sl]), ty[sl])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+        return float(torch.stack(losses).mean())
+
+    if warmup_batches:
+        epoch(warmup_batches)
+    start = time.perf_counter()
+    loss = epoch(len(x))
+    return time.perf_counter() - start, loss
+
+
 # ------------------------------------------------------------------- driver
 
 
@@ -180,7 +259,7 @@ def _summary(seconds, images, losses):
 
 
 def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, use_torch=True, torch_threads=2,
-        warmup_batches=10, log=None):
+        warmup_batches=10, log=None, network_only=False, kernels="auto"):
     """Time ``repeats`` epochs of each framework (alternating); returns a JSON-able dict.
 
     Keys: ``config``; ``machine`` (numpy, BLAS, load averages, the OPENBLAS_*
@@ -188,9 +267,12 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
     ``median_seconds``, ``images_per_second`` (of the median) and its
     ``_min`` / ``_max``, ``mean_loss`` per repeat; ``torch`` is None when
     PyTorch does not import (``torch_missing`` says why); ``speedup`` = torch's
-    median seconds / cydnn's (> 1: cydnn is faster).
+    median seconds / cydnn's (> 1: cydnn is faster).  ``network_only``: time the
+    bare network (see the module docstring) with cydnn's CPU ``kernels``.
     """
+    from cydnn.ops import cpu
     log = log or (lambda msg: None)
+    cpu.set_kernels(kernels)
     images, labels, mean, std = load_mnist(limit_train, mnist, data_dir)
     torch_missing = None if use_torch else "not asked for"
     if use_torch:
@@ -199,13 +281,19 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
             torch.set_num_threads(torch_threads)
         except ImportError as e:
             use_torch, torch_missing = False, f"torch does not import: {e}"
-    frameworks = [("cydnn", cydnn_epoch)] + ([("torch", torch_epoch)] if use_torch else [])
+    if network_only:
+        x = normalised(images, mean, std)
+        frameworks = [("cydnn", lambda *a: cydnn_network_epoch(x, labels, batch_size, warmup_batches))]
+        frameworks += [("torch", lambda *a: torch_network_epoch(x, labels, batch_size, warmup_batches))] \
+            if use_torch else []
+    else:
+        frameworks = [("cydnn", cydnn_epoch)] + ([("torch", torch_epoch)] if use_torch else [])
 
     loads = [os.getloadavg()[0]]
     seconds = {name: [] for name, _ in frameworks}
     losses = {name: [] for name, _ in frameworks}
     for r in range(repeats):
-        for name, epoch in frameworks:
+        for name, epoch in (frameworks if r % 2 == 0 else frameworks[::-1]):  # alternate who goes first
             s, loss = epoch(images, labels, mean, std, batch_size, warmup_batches)
             seconds[name].append(s)
             losses[name].append(loss)
@@ -215,13 +303,18 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
 
     result = {
         "config": {"train_images": len(images), "batch_size": batch_size, "repeats": repeats,
-                   "warmup_batches": warmup_batches, "max_shift": MAX_SHIFT,
-                   "optimizer": f"SGD lr {LR}, Nesterov momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}, cosine"},
+                   "warmup_batches": warmup_batches,
+                   "mode": "network only" if network_only else "training loop",
+                   "max_shift": 0 if network_only else MAX_SHIFT, "cydnn_kernels": cpu.get_kernels(),
+                   "optimizer": (f"SGD lr {NET_LR}, momentum {NET_MOMENTUM}" if network_only else
+                                 f"SGD lr {LR}, Nesterov momentum {MOMENTUM}, weight decay {WEIGHT_DECAY}, cosine")},
         "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
                     "blas": _blas_info(), "load_average_1min": loads,
                     "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
                     "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
-                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS")},
+                    "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+                    "CYDNN_CPU_PARALLEL_FLOPS": cpu._threads.PARALLEL_FLOPS,
+                    "CYDNN_CPU_PARALLEL_ELEMENTS": cpu._threads.PARALLEL_ELEMENTS},
         "cydnn": _summary(seconds["cydnn"], len(images), losses["cydnn"]),
         "torch": None, "torch_missing": torch_missing, "speedup": None,
     }
@@ -236,10 +329,11 @@ def run(limit_train=None, batch_size=64, repeats=3, mnist=None, data_dir=None, u
 def format_table(result):
     """The result as a Markdown table plus a line comparing the two."""
     cfg = result["config"]
-    lines = [f"LeNet-5, one epoch of {cfg['train_images']:,} MNIST images at batch {cfg['batch_size']}, "
-             f"{cfg['repeats']} repeats; images/s of the median epoch [min-max]",
+    lines = [f"LeNet-5, one epoch ({cfg.get('mode', 'training loop')}) of {cfg['train_images']:,} MNIST images "
+             f"at batch {cfg['batch_size']}, {cfg['repeats']} repeats; images/s of the median epoch [min-max]",
              "| framework | median s | images/s |", "|---|---|---|"]
-    for name, label in (("cydnn", "cydnn (numpy backend)"), ("torch", "PyTorch CPU")):
+    for name, label in (("cydnn", f"cydnn (CPU, {cfg.get('cydnn_kernels', 'numpy')} kernels)"),
+                        ("torch", "PyTorch CPU")):
         r = result[name]
         if r is not None:
             lines.append(f"| {label} | {r['median_seconds']:.2f} | {r['images_per_second']:,.0f} "
@@ -261,11 +355,16 @@ def main(argv=None):
     p.add_argument("--data-dir", default=None, help="cache for the decompressed files (default: a temporary folder)")
     p.add_argument("--no-torch", action="store_true", help="time cydnn only")
     p.add_argument("--torch-threads", type=int, default=2)
+    p.add_argument("--network-only", action="store_true",
+                   help="time the bare network: normalised float input, no shifts, SGD with momentum, no schedule")
+    p.add_argument("--kernels", choices=["auto", "cython", "numpy"], default="auto",
+                   help="cydnn's CPU kernels (cydnn.ops.cpu.set_kernels)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
     args = p.parse_args(argv)
     result = run(limit_train=args.limit_train, batch_size=args.batch_size, repeats=args.repeats, mnist=args.mnist,
                  data_dir=args.data_dir, use_torch=not args.no_torch, torch_threads=args.torch_threads,
-                 warmup_batches=args.warmup_batches, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                 warmup_batches=args.warmup_batches, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+                 network_only=args.network_only, kernels=args.kernels)
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

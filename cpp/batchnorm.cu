@@ -23,6 +23,8 @@
 // against the numpy twin and against PyTorch.  Both running pointers may be NULL (no update).
 // resultSaveMean / resultSaveInvVariance keep mu and 1 / sqrt(var + eps) (biased var) of the
 // batch for the backward.  CUDNN_BN_MIN_EPSILON is 0.0 in cuDNN 9, so any eps >= 0 is taken.
+// cuDNN 9 marks these calls deprecated in favour of its graph API, as it does the pooling and
+// activation calls used elsewhere in this library; they warn only with CUDNN_WARN_DEPRECATED.
 #include <climits>
 #include <new>
 

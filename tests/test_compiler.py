@@ -221,25 +221,65 @@ def _reference_steps(model, opt, batches):
                                       lambda p: optim.AdamW(p, lr=1e-3, weight_decay=0.01)],
                          ids=["sgd", "adam", "adamw"])
 def test_compiled_step_matches_the_reference_for_20_steps(name, make_opt):
-    """Same initial weights, same batches: the losses agree step by step, and the parameters after 20 steps
-    differ by at most 5% of how far the reference moved them (float32 summation orders differ between the
-    fused epilogues and the per-op kernels; Adam's normalisation magnifies that for gradients near zero)."""
+    """Same initial weights, same batches, 20 steps: the compiled path stays within ten times the distance the
+    per-op path itself travels when its starting weights move by one float32 ulp (its tolerance against
+    itself: float32 summation orders differ between the fused epilogues and the per-op kernels, and the
+    training dynamics -- momentum, Adam's normalisation -- carry any rounding difference on).  The one-step
+    test below checks each step's exactness.  A bias followed by batch norm has a gradient that is
+    rounding noise (the norm removes per-channel constants) and is left out of the comparison."""
     make, shape = ZOO[name]
     batches = _batches(shape)
-    ref = make().to("cuda")
-    start = [p.data.numpy() for p in ref.parameters()]
-    ref_losses = _reference_steps(ref, make_opt(ref.parameters()), batches)
+    ref, ref_losses = _reference_run(make, make_opt, batches)
+    nudged, nudged_losses = _reference_run(make, make_opt, batches, ulp=True)
     model = make().to("cuda")
     step = cydnn.compile(model, make_opt(model.parameters()), batch_size=64)
     losses = [float(step(x, y)) for x, y in batches]
     assert step.info()["mode"] == "graph", step.info()
-    np.testing.assert_allclose(losses, ref_losses, rtol=2e-4, atol=2e-5)
-    for (n, a), (_, b), s in zip(model.named_parameters(), ref.named_parameters(), start):
-        got, want = a.data.numpy(), b.data.numpy()
-        moved = np.abs(want - s).max()
-        assert moved > 0, n
-        assert np.abs(got - want).max() <= 0.05 * moved + 1e-6, (n, np.abs(got - want).max(), moved)
+    self_loss = np.abs(np.subtract(nudged_losses, ref_losses))
+    assert np.all(np.abs(np.subtract(losses, ref_losses)) <= 10 * self_loss + 2e-5 * np.abs(ref_losses)), \
+        (losses, ref_losses, self_loss)
+    before_norm = _biases_before_norm(model)
+    for (n, a), (_, b), (_, c) in zip(model.named_parameters(), ref.named_parameters(), nudged.named_parameters()):
         assert a.grad is not None
+        if n in before_norm:
+            continue
+        got, want, near = a.data.numpy(), b.data.numpy(), c.data.numpy()
+        self_diff = np.abs(near - want).max()
+        assert np.abs(got - want).max() <= 10 * self_diff + 1e-6, (n, np.abs(got - want).max(), self_diff)
+
+
+def _reference_run(make, make_opt, batches, ulp=False):
+    model = make().to("cuda")
+    if ulp:
+        for p in model.parameters():
+            p.data = ops.cuda.asarray(np.nextafter(p.data.numpy(), np.float32(np.inf)))
+    return model, _reference_steps(model, make_opt(model.parameters()), batches)
+
+
+def _biases_before_norm(model):
+    layers = list(model._modules.items())
+    return {f"{name}.bias" for (name, m), (_, nxt) in zip(layers, layers[1:])
+            if type(nxt).__name__.startswith("BatchNorm") and getattr(m, "bias", None) is not None}
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_one_compiled_step_gives_the_reference_gradients(name):
+    """From the same weights and batch: every parameter's gradient of one compiled step against the per-op
+    backward (relative to the gradient's largest magnitude), and the loss."""
+    make, shape = ZOO[name]
+    (x, y), = _batches(shape, steps=1)
+    ref = make().to("cuda")
+    ref_loss = _reference_steps(ref, optim.SGD(ref.parameters(), lr=0.0), [(x, y)])[0]
+    model = make().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=64)
+    assert float(step(x, y)) == pytest.approx(ref_loss, rel=1e-5)
+    for (n, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
+        g, want = a.grad.numpy(), b.grad.numpy()
+        scale = max(np.abs(want).max(), 1e-6)
+        if n in _biases_before_norm(model):      # a true gradient of 0: both are rounding noise
+            scale = max(scale, 0.1 * max(np.abs(q.grad.numpy()).max() for q in ref.parameters()))
+        assert np.abs(g - want).max() <= 1e-4 * scale, (n, np.abs(g - want).max(), scale)
 
 
 @gpu

@@ -103,12 +103,12 @@ def test_device_arrays_work_in_ops_after_empty_cache():
 
 @gpu
 def test_the_fast_predictors_c_calls_take_turns_between_threads():
-    """The fast predictor's C call releases the GIL (it waits on the GPU); its pinned buffers and
-    graphs are shared by the calls, so the calls of one predictor must never overlap.  The real
-    compiled predictor, made by ``predict`` itself, with its fused LeNet-5 predictor wrapped to
-    count how many calls are inside at once (and to hold each call a little longer, GIL released):
-    with the compiled predictor's own lock the peak is 1 and every result equals the call made
-    alone; with the lock taken out the same threads do overlap, so the count can see an overlap."""
+    """The fast predictor's pinned buffers and graphs are shared by its calls, so the calls of one
+    predictor must never overlap (here the wrapper sleeps with the GIL released to invite it).  The real
+    FastPredictor, made by ``predict`` itself, with its C predictor wrapped to count how many calls
+    are inside at once (and to hold each call a little longer, GIL released): with the predictor's
+    own lock the peak is 1 and every result equals the call made alone; with the lock taken out
+    the same threads do overlap, so the count can see an overlap when there is one."""
     import contextlib
     import threading
     import time
@@ -117,30 +117,31 @@ def test_the_fast_predictors_c_calls_take_turns_between_threads():
     rng = np.random.default_rng(3)
     batches = [rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) for n in (1, 5, 17, 64)]
     alone = [m.predict(b) for b in batches]                 # makes the predictor (public API)
-    predictor = m.fast_predictor()
+    outer = m.fast_predictor()                              # the compiled inference ...
+    predictor = outer._lenet                                # ... which runs LeNet-5 on its fused C predictor
     assert predictor is not None and isinstance(predictor._lock, type(threading.Lock()))
-    real = predictor._lenet                                # the fused LeNet-5 kernel's predictor
-    assert real is not None, predictor.lenet_reason
+    assert isinstance(outer._lock, type(threading.Lock()))
+    real = predictor._p
 
     class Counting:
         inside = peak = calls = 0
         guard = threading.Lock()
 
-        def __call__(self, images):
+        def __call__(self, params, images):
             with self.guard:
                 self.inside += 1
                 self.peak = max(self.peak, self.inside)
                 self.calls += 1
             try:
                 time.sleep(0.002)
-                return real(images)
+                return real(params, images)
             finally:
                 with self.guard:
                     self.inside -= 1
 
     def hammer():
         counting = Counting()
-        predictor._lenet = counting
+        predictor._p = counting
         results, errors = [], []
 
         def work(k):
@@ -162,11 +163,11 @@ def test_the_fast_predictors_c_calls_take_turns_between_threads():
         assert counting.calls == 60 and counting.peak == 1
         for k, r in results:
             np.testing.assert_array_equal(r, alone[k])
-        predictor._lock = contextlib.nullcontext()            # the lock taken out: the calls overlap
+        predictor._lock = outer._lock = contextlib.nullcontext()   # the locks taken out: the calls overlap
         counting, _ = hammer()
         assert counting.calls == 60 and counting.peak > 1
     finally:
-        predictor._lenet, predictor._lock = real, threading.Lock()
+        predictor._p, predictor._lock, outer._lock = real, threading.Lock(), threading.Lock()
 
 
 def test_predict_fast_true_on_the_cpu_raises_as_documented():

@@ -176,6 +176,21 @@ class _ListModels:
     ARCHITECTURES = {"MLP": MLP, "SmallCNN": SmallCNN}
 
 
+def test_real_zoo_configs_with_lists_and_per_channel_statistics():
+    for config in ({"arch": "MLP", "sizes": [784, 128, 10]},
+                   {"arch": "MLP", "mean": [0.1, 0.2, 0.3], "std": [0.3, 0.2, 0.1]},
+                   {"arch": "SmallCNN", "widths": [32, 64, 128], "in_channels": 3, "input_size": 32}):
+        if config["arch"] in models.ARCHITECTURES:
+            check_config(config, "c.npz", models)
+    for config, match in (({"arch": "MLP", "std": [0.3, 0.0]}, "must be > 0"),
+                          ({"arch": "MLP", "mean": [0.1, float("inf")]}, "finite number"),
+                          ({"arch": "MLP", "mean": []}, "finite number"),
+                          ({"arch": "MLP", "mean": [[0.1]]}, "finite number")):
+        if config["arch"] in models.ARCHITECTURES:
+            with pytest.raises(CheckpointError, match=match):
+                check_config(config, "c.npz", models)
+
+
 @pytest.mark.parametrize("config", [
     {"arch": "MLP", "sizes": [784, 128, 10]},
     {"arch": "SmallCNN", "widths": [32, 64, 128], "batchnorm": True, "num_classes": 10},
@@ -188,11 +203,12 @@ def test_configs_with_lists_are_accepted(config):
 @pytest.mark.parametrize("config, match", [
     ({"arch": "MLP", "sizes": list(range(300))}, "list of 300 items"),
     ({"arch": "MLP", "sizes": [[[1]]]}, "nested deeper"),
-    ({"arch": "MLP", "sizes": [784, {"a": 1}]}, "JSON dict"),
+    ({"arch": "MLP", "sizes": [784, {"a": [1]}]}, "nested deeper"),
+    ({"arch": "MLP", "sizes": [784, {str(i): i for i in range(300)}]}, "dict of 300 items"),
     ({"arch": "MLP", "sizes": [2**40]}, "too large"),
     ({"arch": "MLP", "sizes": [float("nan")]}, "not a finite number"),
     ({"arch": "MLP", "sizes": ["x" * 1000]}, "string of 1000"),
-    ({"arch": "SmallCNN", "widths": {"a": 1}}, "JSON dict"),
+    ({"arch": "SmallCNN", "widths": [1.5e300 * 1e300]}, "not a finite number"),
     ({"arch": {"x": 1}}, "'arch' must be a string"),
     ({"arch": None}, "'arch' must be a string"),
     (["MLP"], "JSON object"),

@@ -368,6 +368,17 @@ def test_load_state_dict_takes_a_pytorch_style_dict_and_checks_it():
         "bias", "running_mean", "running_var", "num_batches_tracked"]
 
 
+def test_reset_running_stats():
+    rng = np.random.default_rng(17)
+    bn = nn.BatchNorm2d(3)
+    bn(rng.standard_normal((2, 3, 2, 2)).astype(np.float32) + 4)
+    assert int(bn.num_batches_tracked) == 1 and bn.running_mean.max() > 0.1
+    bn.reset_running_stats()
+    np.testing.assert_array_equal(bn.running_mean, np.zeros(3, np.float32))
+    np.testing.assert_array_equal(bn.running_var, np.ones(3, np.float32))
+    assert int(bn.num_batches_tracked) == 0 and bn.num_batches_tracked.dtype == np.int64
+
+
 def test_buffers_follow_double_and_float_but_counters_stay_int64():
     bn = nn.BatchNorm1d(3).double()
     assert bn.running_mean.dtype == np.float64 and bn.weight.dtype == np.float64
@@ -468,3 +479,54 @@ def test_leaky_relu_refuses_bad_slope():
         cpu.leaky_relu_forward(np.ones(3), "0.1")
     with pytest.raises(ValueError, match="leaky_relu_forward: negative_slope must be finite"):
         cpu.leaky_relu_forward(np.ones(3), float("nan"))
+
+
+# ------------------------------------------------------ against PyTorch (CPU)
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("name,shape", [("BatchNorm2d", (8, 4, 5, 5)), ("BatchNorm1d", (16, 4)),
+                                        ("BatchNorm1d", (8, 4, 6))])
+def test_batch_norm_layers_match_pytorch(name, shape, momentum):
+    """PyTorch's state_dict loads as it is; 3 training steps (forward, dx, dweight, dbias, running
+    statistics, num_batches_tracked), then evaluation, all in float64 on the CPU."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(18)
+    ref = getattr(torch.nn, name)(4, momentum=momentum).double()
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, 4)))
+        ref.bias.copy_(torch.from_numpy(rng.standard_normal(4)))
+    ours = getattr(nn, name)(4, momentum=momentum).double()
+    ours.load_state_dict({k: v.numpy() for k, v in ref.state_dict().items()})
+
+    def step(x, dy):
+        xt = torch.from_numpy(x).requires_grad_(True)
+        ref.weight.grad = ref.bias.grad = None
+        yt = ref(xt)
+        yt.backward(torch.from_numpy(dy))
+        np.testing.assert_allclose(ours(x), yt.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(ours.backward(dy), xt.grad.numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(ours.weight.grad, ref.weight.grad.numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(ours.bias.grad, ref.bias.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+    for i in range(3):
+        step(rng.standard_normal(shape) * 2 + i, rng.standard_normal(shape))
+    ours_state, ref_state = ours.state_dict(), ref.state_dict()
+    assert list(ours_state) == list(ref_state)
+    assert ours_state["num_batches_tracked"].dtype == np.int64
+    for key, value in ref_state.items():
+        np.testing.assert_allclose(ours_state[key], value.numpy(), rtol=1e-12, err_msg=key)
+    ref.eval(), ours.eval()
+    step(rng.standard_normal(shape), rng.standard_normal(shape))
+
+
+def test_leaky_relu_and_adaptive_avg_pool_match_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(19)
+    x, dy = rng.standard_normal((4, 3, 7, 5)), rng.standard_normal((4, 3, 7, 5))
+    for layer, ref in ((nn.LeakyReLU(0.2), torch.nn.LeakyReLU(0.2)),
+                       (nn.AdaptiveAvgPool2d(1), torch.nn.AdaptiveAvgPool2d(1))):
+        xt = torch.from_numpy(x).requires_grad_(True)
+        yt = ref(xt)
+        g = dy[:, :, :1, :1] if isinstance(layer, nn.AdaptiveAvgPool2d) else dy
+        yt.backward(torch.from_numpy(np.ascontiguousarray(g)))
+        np.testing.assert_allclose(layer(x), yt.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(layer.backward(np.ascontiguousarray(g)), xt.grad.numpy(), rtol=1e-12)

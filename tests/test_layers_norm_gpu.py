@@ -154,7 +154,8 @@ def test_global_avg_pool_matches_twin(shape):
     x = f32(rng, *shape, shift=0.5)
     y_ref, cache_ref = cpu.global_avg_pool_forward(f64(x))
     y, cache = cuda.global_avg_pool_forward(dev(x))
-    check("global_avg_pool_forward", y, y_ref)
+    # up to 4096 float32 additions per mean; a wrong window or divisor would be off by O(1)
+    check("global_avg_pool_forward", y, y_ref, tol=1e-4)
     dy = f32(rng, shape[0], shape[1], 1, 1)
     check("global_avg_pool_backward", cuda.global_avg_pool_backward(dev(dy), cache),
           cpu.global_avg_pool_backward(f64(dy), cache_ref))

@@ -107,7 +107,7 @@ def test_run_writes_a_copy_not_the_committed_notebook(executed):
 
 
 def test_committed_notebook_is_built_from_the_tool_without_agg():
-    """The .ipynb holds exactly the tool's cells (edits go to tools/make_notebook.py), and none forces Agg."""
+    """The .ipynb holds exactly the tool's cells (edits go to tools/notebook_cells.py), and none forces Agg."""
     _need_jupyter()
     spec = importlib.util.spec_from_file_location("make_notebook", TOOL)
     tool = importlib.util.module_from_spec(spec)

@@ -29,6 +29,8 @@ TOOLS=${*:-memcheck racecheck initcheck synccheck}
 export CYDNN_SANITIZE=1
 OPS="test_conv and device-xs2 or test_pool or test_activation or test_linear or test_softmax_and_cross_entropy \
 or test_sgd_update or test_adam_update or test_gather_batch or test_dropout"
+COMPILER="one_compiled_step or dropout_draws or batch_norm_updates or inference_matches and (-1] or -3]) \
+or Gpu or gpu"
 FAST="fast_paths_on_a_few_images or compiled_step_last_gradient or capture_failure \
 or fused_mlp_matches_the_twin and dims0-8 or fp16_conv"
 status=0
@@ -41,6 +43,12 @@ for tool in $TOOLS; do
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_fast.py -k "$FAST" >>"$log" 2>&1
   rc2=$?
+  # The compiler's kernels (compiled.cu) and capture: one step of every zoo network, batch norm, dropout,
+  # inference at 1 and 3 images (buckets), the LeNet-5 and layer kernels.
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_compiler.py tests/test_layers_norm_gpu.py \
+      -k "$COMPILER" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
   rc3=0
   if [ "${SANITIZE_PROPERTIES:-1}" != 0 ]; then
     "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

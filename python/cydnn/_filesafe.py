@@ -33,8 +33,17 @@ _CHUNK = 1 << 20
 
 
 def check_lossless(value, error, where, dtype=np.float32):
-    """Refuse an integer or bool array whose values ``dtype`` cannot hold exactly."""
+    """Refuse an array whose values ``dtype`` cannot hold exactly: integers beyond a float's
+    mantissa (int64 above 2**24 into float32), or non-integral floats into an integer dtype
+    (a BatchNorm's num_batches_tracked)."""
     value = np.asarray(value)
+    if np.dtype(dtype).kind in "iu" and value.dtype.kind == "f" and value.size:
+        info = np.iinfo(dtype)
+        ok = np.isfinite(value) & (np.floor(value) == value) & (value >= info.min) & (value <= info.max)
+        if not ok.all():
+            raise error(f"{where}: {value.dtype} values such as {value.ravel()[np.flatnonzero(~ok.ravel())[0]]} "
+                        f"are not exactly representable in {np.dtype(dtype).name}; refusing a lossy cast")
+        return value
     if value.dtype.kind in "iub" and value.size:
         cast = value.astype(dtype)
         if not np.array_equal(cast.astype(value.dtype), value):

@@ -60,8 +60,10 @@ def check_format(entries, path, describe=None):
 
 
 def _check_plain(value, where, depth=0):
-    """A JSON value without objects: a bool, bounded number, short string or None, or a short
-    list of them nested at most MAX_ARG_DEPTH deep."""
+    """A bounded JSON value: a bool, a number (integers |v| < 2**31, floats finite), a short
+    string or None, or a short list or object of them nested at most MAX_ARG_DEPTH deep.  Only
+    sizes are checked here; what each item must be, the model's constructor checks (before it
+    allocates anything: cydnn.models bounds a model's parameters from its arguments)."""
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
@@ -73,16 +75,16 @@ def _check_plain(value, where, depth=0):
     elif isinstance(value, str):
         if len(value) > MAX_STRING_LENGTH:
             raise CheckpointError(f"{where}: a string of {len(value)} characters (at most {MAX_STRING_LENGTH})")
-    elif isinstance(value, list):
+    elif isinstance(value, (list, dict)):   # what the items must be is the constructor's to say
         if depth >= MAX_ARG_DEPTH:
             raise CheckpointError(f"{where}: lists nested deeper than {MAX_ARG_DEPTH}")
         if len(value) > MAX_LIST_LENGTH:
-            raise CheckpointError(f"{where}: a list of {len(value)} items (at most {MAX_LIST_LENGTH})")
-        for item in value:
+            raise CheckpointError(f"{where}: a {type(value).__name__} of {len(value)} items "
+                                  f"(at most {MAX_LIST_LENGTH})")
+        for item in (value if isinstance(value, list) else list(value) + list(value.values())):
             _check_plain(item, where, depth + 1)
     else:
-        raise CheckpointError(f"{where}: a JSON {type(value).__name__} is not a valid argument "
-                              f"(numbers, strings, booleans and lists of them are)")
+        raise CheckpointError(f"{where}: a JSON {type(value).__name__} is not a valid argument")
 
 
 def check_config(config, path, models):
@@ -118,16 +120,14 @@ def check_config(config, path, models):
                 raise CheckpointError(f"{where} must lie in [1, {MAX_CLASSES}] (MAX_CLASSES)")
             if value >= 2**63:
                 raise CheckpointError(f"{where} is too large")
-        elif isinstance(default, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise CheckpointError(f"{where} must be a finite number")
-            if name == "std" and not value > 0:
-                raise CheckpointError(f"{where} must be > 0")
-        elif isinstance(default, str):
-            if not isinstance(value, str):
-                raise CheckpointError(f"{where} must be a string")
-            _check_plain(value, where)
-        else:                   # no default, None, or a tuple/list default: plain JSON values only
+        elif isinstance(default, float):        # a number, or one per channel (mean, std)
+            values = value if isinstance(value, list) and 0 < len(value) <= MAX_LIST_LENGTH else [value]
+            for v in values:
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    raise CheckpointError(f"{where} must be a finite number (or a list of them, one per channel)")
+                if name == "std" and not v > 0:
+                    raise CheckpointError(f"{where} must be > 0")
+        else:       # a string, no default, None, a tuple: bounded JSON; the constructor checks the rest
             _check_plain(value, where)
             if name == "num_classes" and (isinstance(value, bool) or not isinstance(value, int)
                                           or not 1 <= value <= MAX_CLASSES):

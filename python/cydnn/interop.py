@@ -65,7 +65,17 @@ def _safetensors_numpy():
 
 
 def _expected_shapes(model):
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    """name -> shape of everything the model's state_dict holds: parameters, then buffers
+    (BatchNorm's running statistics) where the module system has them."""
+    return {name: tuple(shape) for name, (shape, _) in _expected(model).items()}
+
+
+def _expected(model):
+    """name -> (shape, dtype) of every parameter and buffer."""
+    out = {name: (p.shape, np.dtype(p.dtype)) for name, p in model.named_parameters()}
+    if hasattr(model, "named_buffers"):
+        out.update((name, (b.shape, np.dtype(b.dtype))) for name, b in model.named_buffers())
+    return out
 
 
 def _limit(shape):
@@ -92,6 +102,7 @@ def _read_npz(path, expected):
             shape, _ = npz.header(name)
             if shape != expected[name]:
                 problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {shape}")
+                arrays[name] = None         # present (not missing), not read
                 continue
             arrays[name] = npz.read(name, _limit(expected[name]),
                                     "an object array, which is never loaded; save numeric arrays")
@@ -110,6 +121,7 @@ def _read_safetensors(path, expected):
             arrays[name] = None
         elif tensor[1] != expected[name]:
             problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {tensor[1]}")
+            arrays[name] = None             # present (not missing), not read
         else:
             arrays[name] = read_safetensors_tensor(path, tensor, data_start)
     return arrays, problems
@@ -170,7 +182,7 @@ def _detect(path):
 
 
 # ----------------------------------------------------------------- loading
-def _check(arrays, problems, expected, dtype, path, strict, folder):
+def _check(arrays, problems, expected, dtypes, path, strict, folder):
     """Every problem with ``arrays`` against ``expected`` shapes, as one WeightsError."""
     problems = list(problems)
     missing = [n for n in expected if n not in arrays]
@@ -191,7 +203,7 @@ def _check(arrays, problems, expected, dtype, path, strict, folder):
                             f"floating-point array of shape {shape}")
             continue
         try:
-            check_lossless(value, WeightsError, f"parameter {name!r}", dtype)
+            check_lossless(value, WeightsError, f"parameter {name!r}", dtypes[name])
         except WeightsError as e:
             problems.append(str(e))
             continue
@@ -268,7 +280,8 @@ def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     expected = _expected_shapes(model)
     reader = {"folder": _read_folder, "npz": _read_npz, "safetensors": _read_safetensors}[form]
     arrays, problems = reader(path, expected)
-    state = _check(arrays, problems, expected, model.dtype, path, strict, folder=form == "folder")
+    dtypes = {name: dtype for name, (_, dtype) in _expected(model).items()}
+    state = _check(arrays, problems, expected, dtypes, path, strict, folder=form == "folder")
     apply_normalize(model, normalize, WeightsError, path)     # checked, like the weights, before loading
     model.load_state_dict(state, strict=strict)
     return model
@@ -370,7 +383,8 @@ def export_weights(model, path, format="npz"):
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: expected one of {FORMATS}")
     path = os.fspath(path)
-    state = {check_name(name, WeightsError, f"export to {path}"): np.ascontiguousarray(value, dtype=np.float32)
+    # np.array, not np.ascontiguousarray, which makes a 0-d buffer (num_batches_tracked) 1-d
+    state = {check_name(name, WeightsError, f"export to {path}"): np.array(value, dtype=np.float32, order="C")
              for name, value in model.state_dict().items()}
     if format == "npz":
         def write(tmp):

@@ -22,6 +22,10 @@ __all__ = ["Builder", "Softmax", "SUPPORTED_OPS"]
 
 SUPPORTED_OPS = ("Conv", "Relu", "Tanh", "Sigmoid", "MaxPool", "AveragePool", "Flatten", "Reshape",
                  "Gemm", "MatMul", "Add", "Softmax", "Identity", "Dropout", "Constant")
+# Issue 16's layers, supported where this cydnn's nn has them (the module that adds them is separate).
+_OPTIONAL_OPS = {"BatchNormalization": "BatchNorm2d", "GlobalAveragePool": "AdaptiveAvgPool2d",
+                 "LeakyRelu": "LeakyReLU"}
+SUPPORTED_OPS += tuple(op for op, layer in _OPTIONAL_OPS.items() if hasattr(nn, layer))
 #: Largest input dimension accepted from the graph's declared input shape.
 MAX_DIM = 1 << 31
 
@@ -292,6 +296,39 @@ class Builder:
         if self.int_attr(a, "axis", -1) not in (1, -1):
             self.fail(f"axis={a['axis']} is not supported (only the class axis, 1 or -1)")
         self.add(Softmax(), "softmax")
+
+    def LeakyRelu(self, a):
+        self.add(nn.LeakyReLU(negative_slope=self.float_attr(a, "alpha", 0.01)), "leakyrelu")
+
+    def GlobalAveragePool(self, a):
+        self.need_rank(3, "GlobalAveragePool")
+        self.add(nn.AdaptiveAvgPool2d(1), "avgpool")
+        self.shape = (self.shape[0], 1, 1)
+
+    def BatchNormalization(self, a):
+        """Inference batch norm: ``y = scale (x - mean) / sqrt(var + epsilon) + B`` per channel, as
+        nn.BatchNorm2d in eval mode (ONNX momentum m is PyTorch's 1 - m)."""
+        self.need_rank(3, "BatchNormalization")
+        if self.int_attr(a, "training_mode", 0) != 0 or a.get("spatial", 1) != 1:
+            self.fail("only inference batch norm (training_mode=0, spatial=1) is supported")
+        eps = self.float_attr(a, "epsilon", 1e-5)
+        momentum = self.float_attr(a, "momentum", 0.9)
+        if not (eps > 0 and 0 <= momentum <= 1):
+            self.fail(f"epsilon={eps} must be > 0 and momentum={momentum} in [0, 1]")
+        names = ("scale", "bias (B)", "mean", "var")
+        values = [self.weight(k + 1, what) for k, what in enumerate(names)]
+        channels = self.shape[0]
+        for what, v in zip(names, values):
+            if v is None or v.ndim != 1 or (channels is not None and v.shape[0] != channels) \
+                    or v.shape[0] != values[0].shape[0]:
+                self.fail(f"the {what} must be a constant of shape (channels,) = ({channels},), got "
+                          f"{None if v is None else v.shape}")
+        if (values[3] < 0).any():
+            self.fail("the running variance has negative values")
+        layer = nn.BatchNorm2d(values[0].shape[0], eps=eps, momentum=1.0 - momentum)
+        layer.weight.data, layer.bias.data = values[0], values[1]
+        layer.running_mean, layer.running_var = values[2], values[3]
+        self.add(layer, "bn", self.node.input[1])
 
     def Identity(self, a):
         pass

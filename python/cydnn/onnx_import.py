@@ -14,6 +14,16 @@ layers.  Supported nodes, each taking the previous node's output:
     Gemm, MatMul [+ Add]  -> nn.Linear   (transB 0 or 1; alpha, beta folded in)
     Softmax (last axis)   -> Softmax (below; inference only)
     Identity, Dropout     -> nothing (identities at inference); Constant feeds the others
+    BatchNormalization    -> nn.BatchNorm2d (inference: training_mode 0; ONNX momentum m
+                             becomes 1 - m; the running statistics are the graph's)
+    GlobalAveragePool     -> nn.AdaptiveAvgPool2d(1)
+    LeakyRelu             -> nn.LeakyReLU(alpha)
+                             (these three where this cydnn's nn has the layers)
+
+Any number of input channels is taken (a 3-channel image network builds as
+a Sequential; only a 1-channel LeNet-5 becomes a ``LeNet5``).  A model with
+BatchNorm is returned in training mode, like any new module: call ``eval()``
+(``predict`` does) to use the running statistics.
 
 Anything else (or a branch: a node reading something other than the previous
 node's output and constants) is refused with :class:`OnnxImportError` naming

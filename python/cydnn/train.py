@@ -91,9 +91,12 @@ class Data:
 def _per_channel(value, channels):
     """A dataset's mean or std as the model and the loader take it: a float for one channel, else a tuple."""
     values = [float(v) for v in np.atleast_1d(np.asarray(value, dtype=np.float64)).ravel()]
+    if len(values) not in (1, channels):
+        raise SystemExit(f"the dataset gives {len(values)} values for its mean or std, not 1 or {channels} "
+                         f"(one per channel)")
     if channels == 1:
         return values[0]
-    return tuple(values) if len(values) == channels else tuple(values[:1] * channels)
+    return tuple(values) if len(values) == channels else tuple(values * channels)
 
 
 def _read_user_data(datasets, path):
@@ -194,11 +197,8 @@ def train(args, log=None):
                          f"another digit): use --max-shift")
     common = dict(mean=data.mean, std=data.std, pad=model.input_pad, device=device, seed=args.seed,
                   num_classes=data.num_classes)
-    if flip:
-        common["flip"] = True
     train_loader = datasets.DataLoader(train_images, train_labels, batch_size=args.batch_size, shuffle=True,
-                                       max_shift=max_shift, **common)
-    common.pop("flip", None)
+                                       max_shift=max_shift, flip=flip, **common)
     test_loader = datasets.DataLoader(data.test_images, data.test_labels, batch_size=1000, shuffle=False,
                                       max_shift=0, **common)
 

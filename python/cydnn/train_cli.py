@@ -47,7 +47,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "%(default)" in text or "default:" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+        nothing = any(action.default is v for v in (None, False, argparse.SUPPRESS))
+        if "%(default)" in text or "default:" in text or nothing:
             return text
         return text + " (default: %(default)s)"
 
@@ -79,14 +80,17 @@ def build_parser(prog=None):
     p.add_argument("--data-dir", default=None, help="dataset cache (default: $CYDNN_DATA or ./data)")
     p.add_argument("--mirror", action="append", default=None, metavar="URL_OR_DIR",
                    help="where to download from, tried in order (repeatable; replaces the default mirrors)")
-    p.add_argument("--epochs", type=int, default=None, help=f"passes over the training images (default: {_recipe_help('epochs')})")
-    p.add_argument("--batch-size", type=int, default=None, help=f"images per step (default: {_recipe_help('batch_size')})")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"passes over the training images (default: {_recipe_help('epochs')})")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"images per step (default: {_recipe_help('batch_size')})")
     sgd, adam = (_recipe_help("lr", lambda v, o=o: f"{v[o]:g}") for o in ("sgd", "adam"))
     p.add_argument("--lr", type=float, default=None,
                    help=f"peak learning rate (default: with sgd {sgd}; with adam {adam})")
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="SGD is Nesterov with --momentum")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (Nesterov)")
-    p.add_argument("--weight-decay", type=float, default=None, help=f"L2 penalty on the weights (default: {_recipe_help('weight_decay')})")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help=f"L2 penalty on the weights (default: {_recipe_help('weight_decay')})")
     p.add_argument("--schedule", choices=["cosine", "step", "none"], default="cosine",
                    help="cosine: to 0 over the run, per step; step: x0.1 every third of the epochs")
     p.add_argument("--max-shift", type=int, default=None,

@@ -54,7 +54,8 @@ def make_figure(history, confusion, classes, title=""):
                                if max(map(len, names), default=0) > 2 else "center")
             a3.set_yticklabels(names)
         top = max(1, int(confusion.max()))
-        bar = fig.colorbar(im, ax=a3, ticks=sorted({0, top} | {10 ** k for k in range(len(str(top))) if 10 ** k <= top}))
+        powers = {10 ** k for k in range(len(str(top))) if 10 ** k <= top}
+        bar = fig.colorbar(im, ax=a3, ticks=sorted({0, top} | powers))
         bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         bar.set_label("test images (log scale)")
     else:

@@ -31,7 +31,7 @@ __all__ = ["compile", "CompiledStep", "CompiledInference", "Plan", "Unsupported"
 
 
 def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn=None, softmax=False,
-            preprocess=None, cuda_graph=True, fused=True, fuse=True, memory=True):
+            preprocess=None, cuda_graph=True, fused=True, fuse=True, memory=True, weak_model=False):
     """A compiled training step (with ``optimizer``) or a compiled inference (with ``input_shape``).
 
     Training: ``compile(model, optimizer, batch_size=64)`` -> :class:`CompiledStep`
@@ -40,7 +40,9 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     :class:`CompiledInference` (``softmax=True`` for probabilities).
     Bad arguments raise TypeError/ValueError before any GPU work; a network the compiler
     does not take raises :class:`Unsupported` for inference, and runs the reference loop
-    (``info()["reason"]`` says why) for training.
+    (``info()["reason"]`` says why) for training.  ``preprocess=(mean, std, pad)``: inference takes
+    raw images (uint8, or floats in [0, 1]) and normalises them; ``weak_model=True``: the result
+    refers to the model weakly (for a model that caches it, as ``predict`` does).
     """
     options = {"fuse": bool(fuse), "memory": bool(memory)}
     if optimizer is not None:
@@ -53,4 +55,4 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     if batch_size is not None or loss_fn is not None:
         raise ValueError("compile: batch_size and loss_fn are for training steps (pass an optimizer)")
     return CompiledInference(model, input_shape, softmax=softmax, cuda_graph=cuda_graph, fused=fused,
-                             preprocess=preprocess, **options)
+                             preprocess=preprocess, weak_model=weak_model, **options)

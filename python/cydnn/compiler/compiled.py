@@ -9,6 +9,7 @@ arrays the plan was bound to (identity compares) and re-plans when it does not.
 """
 import logging
 import threading
+import weakref
 
 import numpy as np
 
@@ -463,10 +464,13 @@ class CompiledInference:
     """
 
     def __init__(self, model, input_shape, softmax=False, cuda_graph=True, fused=True, preprocess=None,
-                 **options):
+                 weak_model=False, **options):
         if not isinstance(model, nn.Module):
             raise TypeError(f"compile: model must be an nn.Module, got {type(model).__name__}")
-        self.model, self.softmax, self.options = model, bool(softmax), options
+        # A model that keeps its own compiled inference (predict's cache) is referred to weakly, so that
+        # the two make no reference cycle: the device buffers go when the model goes, not at a later GC.
+        self._model = weakref.ref(model) if weak_model else (lambda: model)
+        self.softmax, self.options = bool(softmax), options
         self.input_shape = tuple(int(s) for s in input_shape)
         self.cuda_graph, self.fused, self.preprocess = bool(cuda_graph), bool(fused), preprocess
         nodes = trace(model, self.input_shape, 1)          # refuses what the compiler does not take, now
@@ -482,6 +486,13 @@ class CompiledInference:
         """CUDA graphs captured so far (bucket plans, and the fused LeNet-5 predictor's)."""
         own = sum(r.bound.graph is not None for r in self._runners.values())
         return own + (self._lenet.graph_count if self._lenet is not None else 0)
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:
+            raise ReferenceError("compiled inference: its model no longer exists")
+        return model
 
     def _fresh(self):
         if self._sig is None or not self._sig.fresh():

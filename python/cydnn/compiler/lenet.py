@@ -79,7 +79,7 @@ class LeNetPredictor:
         if not images.shape[0]:
             return np.empty((0, self.num_classes), np.float32)
         with self._lock:
-            return self._p(tuple(p.data for p in self.params), images)
+            return self._p(self.params, images)       # the Parameters: the C call reads each .data now
 
 
 class LeNetEpoch:

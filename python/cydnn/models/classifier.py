@@ -294,7 +294,7 @@ class ImageClassifier(nn.Sequential):
         if reason is None:
             try:
                 predictor = compiler.compile(self, input_shape=self.network_input_shape(), softmax=True,
-                                             preprocess=(self.mean, self.std, self.input_pad))
+                                             preprocess=(self.mean, self.std, self.input_pad), weak_model=True)
             except compiler.Unsupported as e:
                 reason = str(e)
         if reason is not None:

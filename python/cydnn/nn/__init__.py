@@ -32,14 +32,15 @@ State that is not trained, such as BatchNorm's running statistics, lives in
 ``state_dict`` / ``load_state_dict`` and moved by ``.to()``, but not
 parameters, so optimizers never update them.
 
-The package has three modules: ``module.py`` (Parameter, Module, Sequential),
-``layers.py`` (the other layers and the loss) and ``norm.py`` (BatchNorm1d,
-BatchNorm2d).
+The package's modules: ``module.py`` (Parameter, Module), ``sequential.py``
+(Sequential), ``layers.py`` (the other layers and the loss) and ``norm.py``
+(BatchNorm1d, BatchNorm2d).
 """
 from .layers import (AdaptiveAvgPool2d, AvgPool2d, Conv2d, CrossEntropyLoss, Dropout, Flatten, GlobalAvgPool2d,
                      LeakyReLU, Linear, MaxPool2d, ReLU, Sigmoid, Tanh)
-from .module import DEVICES, Module, Parameter, Sequential
+from .module import DEVICES, Module, Parameter
 from .norm import BatchNorm1d, BatchNorm2d
+from .sequential import Sequential
 
 __all__ = [
     "Parameter", "Module", "Sequential",

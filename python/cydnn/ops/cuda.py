@@ -7,6 +7,9 @@ Each op follows one path, which a reader can trace end to end::
         -> cydnn_conv_forward           (cpp/conv.cu) cached descriptors and algorithm
           -> cudnnConvolutionForward    cuDNN, on the context's stream
 
+The helpers every op shares (numpy in, numpy out) are in ``_cuda_base.py``; the batch
+normalization ops, the longest, in ``cuda_norm.py`` (re-exported here).
+
 Inputs may be ``DeviceArray``s or numpy arrays.  numpy inputs are copied to
 the GPU and the results copied back, so an op returns the kind it was given
 (decided by its main input: ``x`` for forwards, ``dy`` for backwards).  With
@@ -18,8 +21,8 @@ import numpy as np
 
 from cydnn import _C
 from cydnn.ops import _check
-
-F32 = (np.float32,)
+from cydnn.ops._cuda_base import F32, _dev, _on_host, _opt, _ret
+from cydnn.ops.cuda_norm import batch_norm_backward, batch_norm_forward
 
 __all__ = [
     "asarray", "to_numpy", "empty", "zeros", "zeros_like",
@@ -30,7 +33,7 @@ __all__ = [
     "tanh_forward", "tanh_backward", "sigmoid_forward", "sigmoid_backward",
     "dropout_forward", "dropout_backward", "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy", "flatten",
-    "sgd_update", "adam_update", "gather_batch", "fused_mlp_forward",
+    "sgd_update", "adam_update", "gather_batch", "gather_batch_chw", "fused_mlp_forward",
 ]
 
 
@@ -59,24 +62,6 @@ def zeros(shape, dtype="float32"):
 
 def zeros_like(a):
     return _C.zeros(a.shape, a.dtype)
-
-
-def _on_host(a):
-    return not isinstance(a, _C.DeviceArray)
-
-
-def _dev(a):
-    return a if isinstance(a, _C.DeviceArray) else _C.to_device(a)
-
-
-def _opt(a):
-    return None if a is None else _dev(a)
-
-
-def _ret(host, *arrays):
-    """Return arrays as numpy when the caller gave numpy (None stays None)."""
-    out = tuple(a.numpy() if host and a is not None else a for a in arrays)
-    return out if len(out) > 1 else out[0]
 
 
 # ------------------------------------------------------------- convolution
@@ -252,49 +237,6 @@ def dropout_backward(dy, cache):
     dx = _C.empty(mask.shape)
     _C.mul(dy, mask, dx)
     return _ret(host, dx)
-
-
-# ----------------------------------------------------- batch normalization
-def batch_norm_forward(x, gamma, beta, running_mean, running_var, training, momentum=0.1, eps=1e-5):
-    """(y, cache): cuDNN batch normalization, mode SPATIAL, on x seen as (n, c, h, w) ((n, c) as
-    (n, c, 1, 1), (n, c, l) as (n, c, l, 1)); the maths and arguments as the twin's.
-
-    Training: cudnnBatchNormalizationForwardTraining with exponentialAverageFactor = momentum
-    updates the running statistics in place (the unbiased variance into running_var; numpy
-    running statistics get their new values back).  Evaluation: ...ForwardInference.  Without
-    gamma/beta, cuDNN gets ones and zeros.  The cache holds x, gamma, the statistics used (mu and
-    1 / sqrt(var + eps)), the mode and eps.
-    """
-    c, _, momentum, eps = _check.check_batch_norm(x, gamma, beta, running_mean, running_var, training, momentum,
-                                                  eps, F32)
-    host = _on_host(x)
-    x = _dev(x)
-    affine = gamma is not None
-    g = _dev(gamma) if affine else _C.to_device(np.ones(c, np.float32))
-    b = _dev(beta) if affine else _C.zeros((c,))
-    rm, rv = _opt(running_mean), _opt(running_var)
-    y, save_mean, save_inv_std = _C.empty(x.shape), _C.empty((c,)), _C.empty((c,))
-    _C.batch_norm_forward(x, g, b, rm, rv, bool(training), momentum, eps, y, save_mean, save_inv_std)
-    if training:
-        for given, device in ((running_mean, rm), (running_var, rv)):
-            if isinstance(given, np.ndarray):
-                given[...] = device.numpy()
-    return _ret(host, y), (x, g, save_mean, save_inv_std, bool(training), eps, affine)
-
-
-def batch_norm_backward(dy, cache):
-    """(dx, dgamma, dbeta): cudnnBatchNormalizationBackward after a training forward; after an
-    evaluation forward (constant statistics) a custom kernel.  dgamma, dbeta None without gamma."""
-    x, g, save_mean, save_inv_std, training, eps, affine = cache
-    _check.check_same_shape("batch_norm_backward", "dy", dy, "x", x.shape, np.float32)
-    host = _on_host(dy)
-    dy = _dev(dy)
-    c = x.shape[1]
-    dx, dgamma, dbeta = _C.empty(x.shape), _C.empty((c,)), _C.empty((c,))
-    _C.batch_norm_backward(x, dy, g, save_mean, save_inv_std, training, eps, dx, dgamma, dbeta)
-    if not affine:
-        return _ret(host, dx), None, None
-    return _ret(host, dx, dgamma, dbeta)
 
 
 # ------------------------------------------------------------------ linear

@@ -15,6 +15,9 @@ whole interface:
     updates.py      sgd_update, adam_update
     data.py         gather_batch
     _windows.py     the window views and their adjoint, shared by conv and pool
+    kernels.py      set_kernels / get_kernels: the numpy twin or the compiled kernels
+    _kernels.pyx    the compiled (Cython, OpenMP) twins of the hot loops
+    _threads.py     BLAS and OpenMP threads chosen per call size (threadpoolctl)
 
 Conventions
     - Layout NCHW.  Weights in PyTorch layouts: conv (out, in, kh, kw),
@@ -32,18 +35,25 @@ Conventions
       GPU module), so errors read the same on both devices.
 
 Speed
-    Each op is written as whole-array numpy: no Python loop over images,
+    The numpy twin: each op is written as whole-array numpy: no Python loop over images,
     channels or pixels, only (where unavoidable) over the kh*kw offsets of a
     kernel window.  The matrix products go to numpy's BLAS.  Where the fast
     formulation is less obvious than the definition, the docstring gives both.
+    The compiled kernels (the default where built; ``set_kernels("numpy")``
+    or ``$CYDNN_CPU_KERNELS=numpy`` selects the twin) do the loops of
+    convolution, pooling, ReLU and the optimizer updates in one pass each, in
+    C with OpenMP; the tests compare them with the twin.  Matrix products run
+    on one BLAS thread below ``_threads.PARALLEL_FLOPS`` (a busy machine
+    otherwise stalls the BLAS's spinning threads).
 """
 from ..fused_cpu import fused_mlp_forward
 from .arrays import asarray, empty, to_numpy, zeros, zeros_like
 from .conv import conv_backward, conv_forward
-from .data import gather_batch
+from .data import gather_batch, gather_batch_chw
 from .dense import flatten, linear_backward, linear_forward, log_softmax, softmax, softmax_cross_entropy
 from .elementwise import (dropout_backward, dropout_forward, leaky_relu_backward, leaky_relu_forward, relu_backward,
                           relu_forward, sigmoid_backward, sigmoid_forward, splitmix64, tanh_backward, tanh_forward)
+from .kernels import get_kernels, kernels_available, set_kernels, use_kernels
 from .norm import batch_norm_backward, batch_norm_forward, global_avg_pool_backward, global_avg_pool_forward
 from .pool import avg_pool_backward, avg_pool_forward, max_pool_backward, max_pool_forward
 from .updates import adam_update, sgd_update
@@ -64,5 +74,6 @@ __all__ = [
     "softmax", "log_softmax", "softmax_cross_entropy",
     "flatten",
     "sgd_update", "adam_update",
-    "gather_batch",
+    "gather_batch", "gather_batch_chw",
+    "set_kernels", "get_kernels", "kernels_available", "use_kernels",
 ]

@@ -19,12 +19,21 @@ when the output rows are short (ow < 16, e.g. LeNet's second layer, ow = 8),
 runs of ow*n numbers instead of ow (measured 2.5-3x faster for LeNet's second
 layer), at the price of transposing y and dy, element by element, to and from
 NCHW -- which costs more than it saves when ow is long.
+
+With the compiled kernels (``kernels.set_kernels("cython")``) the columns are
+always ordered (i, j, b): x is transposed once to (c, h, w, n), after which
+each im2col copy (and each col2im add) of a kernel offset and an output row is
+one run of ow*n numbers (for stride 1); the padding is read as zeros, never
+copied; the bias is added during the transposition of y to NCHW.  One pass
+each, in C with OpenMP.  The cache has the same form either way, so the two
+can be mixed (the kernels take a cache of either column order).  The products
+go through ``_threads.matmul`` (BLAS threads by size) in both.
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .. import _check
-from . import _windows
+from . import _threads, _windows, kernels
 from .arrays import FLOATS as _FLOATS
 
 __all__ = ["conv_forward", "conv_backward"]
@@ -90,14 +99,64 @@ def conv_forward(x, w, b, stride=1, padding=0):
     """
     stride_hw, pad_hw, out_hw = _check.check_conv(x, w, b, stride, padding, _FLOATS)
     n, k = x.shape[0], w.shape[0]
+    xp_shape = x.shape[:2] + (x.shape[2] + 2 * pad_hw[0], x.shape[3] + 2 * pad_hw[1])
+    compiled = kernels.active()
+    if compiled is not None:
+        return _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape)
     batch_inner = out_hw[1] < BATCH_INNER_BELOW_OW
     xp = _windows.pad(x, pad_hw)
     cols = _im2col(xp, w.shape[2:], stride_hw, batch_inner)
-    y = w.reshape(k, -1) @ cols  # (k, n*oh*ow)
+    y = _threads.matmul(w.reshape(k, -1), cols)  # (k, n*oh*ow)
     if b is not None:
         y += b[:, None]  # on contiguous rows: several times faster than on the (n, k, oh, ow) result
     # The cache keeps the columns (about kh*kw times x's size) so that backward needs no second im2col.
-    return _to_nchw(y, n, out_hw, batch_inner), (xp.shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
+    return _to_nchw(y, n, out_hw, batch_inner), (xp_shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
+
+
+def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
+    """conv_forward with the compiled kernels, the columns always ordered (i, j, b): x is
+    transposed to (c, h, w, n) once, after which every im2col copy is a run of ow*n numbers."""
+    n, c, h, wd = x.shape
+    k, _, kh, kw = w.shape
+    (oh, ow), threads = out_hw, _threads.omp_threads
+    xt = np.empty((c, h, wd, n), dtype=x.dtype)
+    compiled.batch_inner(np.ascontiguousarray(x), xt, threads(x.size))
+    cols = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
+    compiled.im2col_bi(xt, cols, kh, kw, *stride_hw, *pad_hw, threads(cols.size))
+    y = _threads.matmul(w.reshape(k, -1), cols)
+    out = np.empty((n, k, oh, ow), dtype=x.dtype)
+    bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
+    compiled.rows_bi_to_nchw(y, bias, out, b is not None, False, threads(y.size))
+    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, True)
+
+
+def _backward_compiled(compiled, dy, cache, need_dx):
+    """conv_backward with the compiled kernels (either column order of the cache)."""
+    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner = cache
+    n, c, hp, wp = xp_shape
+    k, _, kh, kw = w.shape
+    h, wd = hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]
+    threads = _threads.omp_threads
+    dy = np.ascontiguousarray(dy)
+    d = np.empty((k, cols.shape[1]), dtype=dy.dtype)  # dy as rows, columns ordered like cols
+    if batch_inner:
+        compiled.nchw_to_rows_bi(dy, d, threads(d.size))
+    else:
+        compiled.nchw_to_rows(dy, d, False, threads(d.size))
+    dw = _threads.matmul(d, cols.T).reshape(w.shape)
+    db = d.sum(axis=1) if has_bias else None
+    if not need_dx:
+        return None, dw, db
+    dcols = _threads.matmul(w.reshape(k, -1).T, d)
+    if batch_inner:  # added into dx as (c, h, w, n), in runs of ow*n, then transposed
+        dxt = np.zeros((c, h, wd, n), dtype=dy.dtype)
+        compiled.col2im_bi(dcols, dxt, kh, kw, *stride_hw, *pad_hw, threads(dcols.size))
+        dx = np.empty((n, c, h, wd), dtype=dy.dtype)
+        compiled.batch_outer(dxt, dx, threads(dx.size))
+    else:  # added straight into dx; the padding is never written
+        dx = np.zeros((n, c, h, wd), dtype=dy.dtype)
+        compiled.col2im(dcols, dx, kh, kw, *stride_hw, *pad_hw, False, threads(dcols.size))
+    return dx, dw, db
 
 
 def conv_backward(dy, cache, need_dx=True):
@@ -114,10 +173,13 @@ def conv_backward(dy, cache, need_dx=True):
     out_hw = ((hp - kh) // stride_hw[0] + 1, (wp - kw) // stride_hw[1] + 1)
     _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k) + out_hw, dtype=w.dtype)
 
+    compiled = kernels.active()
+    if compiled is not None:
+        return _backward_compiled(compiled, dy, cache, need_dx)
     d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols
-    dw = (d @ cols.T).reshape(w.shape)
+    dw = _threads.matmul(d, cols.T).reshape(w.shape)
     db = d.sum(axis=1) if has_bias else None
     if not need_dx:
         return None, dw, db
-    dxp = _col2im(w.reshape(k, -1).T @ d, xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
+    dxp = _col2im(_threads.matmul(w.reshape(k, -1).T, d), xp_shape, (kh, kw), stride_hw, out_hw, batch_inner)
     return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db

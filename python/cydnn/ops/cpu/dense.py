@@ -2,6 +2,7 @@
 import numpy as np
 
 from .. import _check
+from . import _threads
 from .arrays import FLOATS as _FLOATS
 
 __all__ = ["linear_forward", "linear_backward", "softmax", "log_softmax", "softmax_cross_entropy", "flatten"]
@@ -10,7 +11,7 @@ __all__ = ["linear_forward", "linear_backward", "softmax", "log_softmax", "softm
 def linear_forward(x, w, b):
     """``y = x @ w.T + b``: x (n, in), w (out, in), b (out,) or None; y (n, out)."""
     _check.check_linear(x, w, b, _FLOATS)
-    y = x @ w.T
+    y = _threads.matmul(x, w.T)  # BLAS threads by size (see _threads)
     if b is not None:
         y += b
     return y, (x, w, b is not None)
@@ -21,7 +22,7 @@ def linear_backward(dy, cache, need_dx=True):
     x, w, has_bias = cache
     _check.check_same_shape("linear_backward", "dy", dy, "y", (x.shape[0], w.shape[0]), dtype=x.dtype)
     db = dy.sum(axis=0) if has_bias else None
-    return (dy @ w if need_dx else None), dy.T @ x, db
+    return (_threads.matmul(dy, w) if need_dx else None), _threads.matmul(dy.T, x), db
 
 
 # ---------------------------------------------------------- softmax, loss

@@ -5,11 +5,15 @@ window, one whole-array step per kernel offset (p, q) -- never a copy of the
 windows.  Backward writes the gradient straight into dx when the windows tile
 the input (stride == kernel, no padding: LeNet's 2x2/2) and otherwise adds it
 back one offset at a time (overlapping windows accumulate).
+
+With the compiled kernels (``kernels.set_kernels("cython")``) each op is one
+pass over the (image, channel) planes in C with OpenMP, the padding never
+materialised; the caches have the same form (max pooling's offsets as int32).
 """
 import numpy as np
 
 from .. import _check
-from . import _windows
+from . import _threads, _windows, kernels
 from .arrays import FLOATS as _FLOATS
 
 __all__ = ["max_pool_forward", "max_pool_backward", "avg_pool_forward", "avg_pool_backward"]
@@ -47,6 +51,13 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
     kernel_hw, stride_hw, pad_hw, (oh, ow) = _check.check_pool(
         "max_pool_forward", x, kernel, stride, padding, _FLOATS)
     kh, kw = kernel_hw
+    compiled = kernels.active()
+    if compiled is not None:
+        x = np.ascontiguousarray(x)
+        y = np.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
+        arg = np.empty(y.shape, dtype=np.int32)
+        compiled.max_pool_forward(x, y, arg, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+        return y, (x.shape, x.dtype, arg, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, -np.inf), kernel_hw, stride_hw)
     y = np.full(win.shape[:4], -np.inf, dtype=x.dtype)  # the running maximum
     np.fmax(y, win[:, :, :, :, 0, 0], out=y)  # offset (0, 0), a NaN read as -inf
@@ -75,6 +86,12 @@ def max_pool_backward(dy, cache):
     _check.check_same_shape("max_pool_backward", "dy", dy, "y", arg.shape, dtype=dtype)
     n, c, h, w = x_shape
     kh, kw = kernel_hw
+    compiled = kernels.active()
+    if compiled is not None:
+        dx = np.zeros(x_shape, dtype=dtype)
+        compiled.max_pool_backward(np.ascontiguousarray(dy), np.ascontiguousarray(arg, dtype=np.int32), dx,
+                                   kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(dx.size))
+        return dx
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):  # written straight into dx's tiles
         dtiles = np.empty((n, c, h // kh, kh, w // kw, kw), dtype=dtype)
         for p in range(kh):
@@ -98,9 +115,15 @@ def avg_pool_forward(x, kernel=2, stride=None, padding=0):
     always kh*kw (PyTorch's count_include_pad=True).  stride None means
     stride = kernel.  Returns y (n, c, oh, ow) and the cache.
     """
-    kernel_hw, stride_hw, pad_hw, _ = _check.check_pool(
+    kernel_hw, stride_hw, pad_hw, out_hw = _check.check_pool(
         "avg_pool_forward", x, kernel, stride, padding, _FLOATS)
     kh, kw = kernel_hw
+    compiled = kernels.active()
+    if compiled is not None:
+        x = np.ascontiguousarray(x)
+        y = np.empty(x.shape[:2] + out_hw, dtype=x.dtype)
+        compiled.avg_pool_forward(x, y, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+        return y, (x.shape, x.dtype, y.shape, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, 0.0), kernel_hw, stride_hw)
     y = win[:, :, :, :, 0, 0].copy()
     for p in range(kh):
@@ -118,6 +141,12 @@ def avg_pool_backward(dy, cache):
     _check.check_same_shape("avg_pool_backward", "dy", dy, "y", y_shape, dtype=dtype)
     n, c, h, w = x_shape
     kh, kw = kernel_hw
+    compiled = kernels.active()
+    if compiled is not None:
+        dx = np.zeros(x_shape, dtype=dtype)
+        compiled.avg_pool_backward(np.ascontiguousarray(dy), dx, kh, kw, *stride_hw, *pad_hw,
+                                   _threads.omp_threads(dx.size))
+        return dx
     share = dy / (kh * kw)
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):
         oh, ow = y_shape[2:]

@@ -54,6 +54,8 @@ def _caches():
         "dropout_backward": (cpu.dropout_backward, cpu.dropout_forward(x, 0.5, 1)[1], "mask", (1, 2, 4, 4)),
         "max_pool_backward": (cpu.max_pool_backward, cpu.max_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
         "avg_pool_backward": (cpu.avg_pool_backward, cpu.avg_pool_forward(x, 2)[1], "y", (1, 2, 2, 2)),
+        "conv_backward": (cpu.conv_backward, cpu.conv_forward(x, np.ones((3, 2, 3, 3), F32), None)[1], "y",
+                          (1, 3, 2, 2)),
         "linear_backward": (cpu.linear_backward, cpu.linear_forward(x.reshape(1, 32), np.ones((3, 32), F32),
                                                                     None)[1], "y", (1, 3)),
     }
@@ -249,3 +251,29 @@ def test_leaky_relu_gradient_at_zero_is_the_slope():
     x = np.array([-1.0, 0.0, 2.0], F32)
     _, cache = cpu.leaky_relu_forward(x, 0.25)
     np.testing.assert_array_equal(cpu.leaky_relu_backward(np.ones(3, F32), cache), [0.25, 0.25, 1.0])
+
+
+def test_conv_defaults_and_bias_check():
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((1, 2, 6, 5)).astype(F32), rng.standard_normal((3, 2, 3, 3)).astype(F32)
+    y, _ = cpu.conv_forward(x, w, None)                             # stride 1, no padding
+    assert y.shape == (1, 3, 4, 3)
+    np.testing.assert_array_equal(y, cpu.conv_forward(x, w, None, 1, 0)[0])
+    with pytest.raises(ValueError) as e:
+        cpu.conv_forward(x, w, np.zeros(2, F32))
+    assert str(e.value) == ("conv_forward: b has 2 entries but w has 3 output channels "
+                            "(x (1, 2, 6, 5), w (3, 2, 3, 3), b (2,))")
+
+
+def test_dropout_and_leaky_relu_defaults():
+    x = np.random.default_rng(8).standard_normal((4, 64)).astype(F32)
+    y, mask = cpu.dropout_forward(x)
+    y2, mask2 = cpu.dropout_forward(x, 0.5, 0)                      # p = 0.5, seed 0
+    np.testing.assert_array_equal(y, y2)
+    np.testing.assert_array_equal(mask, mask2)
+    assert set(np.unique(mask).tolist()) == {0.0, 2.0}
+    y0, mask0 = cpu.dropout_forward(x, 0.0)                          # nothing dropped, scale 1
+    assert mask0.dtype == F32 and (mask0 == 1).all()
+    np.testing.assert_array_equal(y0, x)
+    np.testing.assert_array_equal(cpu.leaky_relu_forward(np.array([-2.0, 3.0], F32))[0],
+                                  np.array([-0.02, 3.0], F32))       # slope 0.01

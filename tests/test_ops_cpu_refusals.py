@@ -277,3 +277,8 @@ def test_dropout_and_leaky_relu_defaults():
     np.testing.assert_array_equal(y0, x)
     np.testing.assert_array_equal(cpu.leaky_relu_forward(np.array([-2.0, 3.0], F32))[0],
                                   np.array([-0.02, 3.0], F32))       # slope 0.01
+
+
+def test_avg_pool_defaults_to_two_by_two():
+    x = np.arange(16, dtype=F32).reshape(1, 1, 4, 4)
+    np.testing.assert_array_equal(cpu.avg_pool_forward(x)[0], [[[[2.5, 4.5], [10.5, 12.5]]]])

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 import cydnn
+from bench_inference import percentile_us
 from cydnn import nn, ops, optim
 
 
@@ -129,14 +130,8 @@ def timed(step, sync, steps, repeats):
 
 
 def latencies(fn, calls=500, warmup=100):
-    for _ in range(warmup):
-        fn()
-    t = np.empty(calls)
-    for i in range(calls):
-        s = time.perf_counter()
-        fn()
-        t[i] = time.perf_counter() - s
-    return float(np.percentile(t, 50) * 1e6), float(np.percentile(t, 99) * 1e6)
+    r = percentile_us(fn, calls, warmup)
+    return r["p50_us"], r["p99_us"]
 
 
 def cydnn_train(name, batch, steps, repeats, compiled):

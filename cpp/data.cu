@@ -26,59 +26,11 @@
 
 namespace {
 
-// One thread per output pixel (b, oy, ox) of out_images, grid-stride.  (oy,
-// ox) count from the top-left corner of the padded image; (iy, ix) = (oy -
-// pad, ox - pad) is the position inside the h x w frame, which reads the
-// source pixel (iy - sy, ix - sx) when that lies in the image.  The first
-// `batch` threads (same grid-stride) also copy the labels.  An index outside
-// [0, n_images) (the caller should have checked) reads nothing: its pixels
-// become NaN and its label -1, which the loss kernel reports as a bad label.
-__global__ void gather_batch_kernel(const uint8_t *images, const int32_t *labels, int n_images, int h, int w,
-                                    const int32_t *indices, int batch, float mean, float std,
-                                    int pad, int max_shift, uint64_t seed, float *out_images,
-                                    int32_t *out_labels) {
-    const int out_h = h + 2 * pad;
-    const int out_w = w + 2 * pad;
-    const size_t out_plane = (size_t)out_h * out_w;
-    const size_t total = (size_t)batch * out_plane;
-    const uint64_t span = 2 * (uint64_t)max_shift + 1;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-
-    for (size_t idx = tid; idx < total; idx += stride) {
-        const int ox = (int)(idx % out_w);
-        const int oy = (int)((idx / out_w) % out_h);
-        const size_t b = idx / out_plane;
-        const int32_t index = indices[b];
-        if (index < 0 || index >= n_images) {
-            out_images[idx] = __int_as_float(0x7fc00000);  // NaN
-            continue;
-        }
-
-        float v = 0.0f;
-        const int iy = oy - pad, ix = ox - pad;
-        if (iy >= 0 && iy < h && ix >= 0 && ix < w) {
-            const uint64_t r = cydnn::splitmix64(seed ^ cydnn::splitmix64((uint64_t)b));
-            const int sx = (int)((r & 0xffffffffull) % span) - max_shift;
-            const int sy = (int)((r >> 32) % span) - max_shift;
-            const int src_y = iy - sy, src_x = ix - sx;
-            if (src_y >= 0 && src_y < h && src_x >= 0 && src_x < w) {
-                const uint8_t *image = images + (size_t)index * h * w;
-                v = (float)image[(size_t)src_y * w + src_x] / 255.0f;
-            }
-        }
-        out_images[idx] = (v - mean) / std;
-    }
-
-    if (labels != nullptr && out_labels != nullptr)
-        for (size_t b = tid; b < (size_t)batch; b += stride) {
-            const int32_t index = indices[b];
-            out_labels[b] = (index >= 0 && index < n_images) ? labels[index] : -1;
-        }
-}
-
-
-// ------------------------------------------------------------ (N, C, H, W) colour images
+// ------------------------------------------------------------ the kernel
+// One thread per output pixel (b, c, oy, ox) of out_images, grid-stride; the first `batch` threads
+// (same grid-stride) also copy the labels.  An index outside [0, n_images) (the caller should have
+// checked) reads nothing: its pixels become NaN and its label -1, which the loss kernel reports as a
+// bad label.  gather_batch (one channel, no flip) runs the same kernel with channels = 1.
 // gather_batch_chw: as gather_batch for images of `channels` planes, with a per-channel mean
 // and std and an optional horizontal flip.  Row b's randomness, a pure function of (seed, b):
 //   r    = splitmix64(seed ^ splitmix64(b))
@@ -165,11 +117,15 @@ cydnnStatus_t cydnn_gather_batch(cydnnContext *ctx, const uint8_t *images, const
                   (long long)h + 2LL * pad <= INT_MAX && (long long)w + 2LL * pad <= INT_MAX,
                   "padded size overflows int (h=%d, w=%d, pad=%d)", h, w, pad);
 
+    // (n, h, w) images are (n, 1, h, w) ones without a flip: the same kernel, the same bits.
+    ChannelStats stats{};
+    stats.mean[0] = mean;
+    stats.std[0] = std;
     const size_t total = (size_t)batch * (size_t)(h + 2 * pad) * (size_t)(w + 2 * pad);
-    gather_batch_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-        images, labels, n_images, h, w, indices, batch, mean, std, pad, max_shift, seed, out_images,
+    gather_batch_chw_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        images, labels, n_images, 1, h, w, indices, batch, stats, pad, max_shift, 0, seed, out_images,
         out_labels);
-    CYDNN_LAUNCH_CHECK("gather_batch", "gather_batch_kernel");
+    CYDNN_LAUNCH_CHECK("gather_batch", "gather_batch_chw_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -395,3 +395,54 @@ def test_compiled_batch_norm_updates_running_statistics_as_the_reference():
         models.append(model)
     for (n, a), (_, b) in zip(models[0].named_buffers(), models[1].named_buffers()):
         np.testing.assert_allclose(ops.cuda.to_numpy(a), ops.cuda.to_numpy(b), rtol=1e-4, atol=1e-5, err_msg=n)
+
+
+@gpu
+def test_compiled_step_refuses_bad_batches_before_any_gpu_work():
+    model = mlp().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.1), batch_size=8)
+    x = np.zeros((8, 1, 28, 28), np.float32)
+    y = np.zeros(8, np.int64)
+    calls = []
+    real = cydnn._C.graph_begin
+    try:
+        cydnn._C.graph_begin = lambda: calls.append(1) or real()
+        cases = [((x[:4], y[:4]), ValueError, r"compiled for batches of 8"),
+                 ((x.astype(np.float64), y), TypeError, "must be float32"),
+                 ((x, y[:7]), ValueError, r"y must be 8 integer labels"),
+                 ((x, y + 10), ValueError, r"labels must be in \[0, 10\), got \[10, 10\]"),
+                 ((x.reshape(8, 1, 14, 56), y), ValueError, r"cannot take input|Linear"),
+                 (([1, 2], y), TypeError, "numpy array or DeviceArray")]
+        for args, error, match in cases:
+            with pytest.raises(error, match=match):
+                step(*args)
+        assert not calls                       # nothing was planned or captured
+    finally:
+        cydnn._C.graph_begin = real
+
+
+@gpu
+@pytest.mark.parametrize("how", ["parameter", "data", "load_state_dict", "to"])
+def test_compiled_step_follows_replaced_parameters(how):
+    """Between compiled steps the model's weights are replaced as a user may; the next step computes with the
+    new weights: its loss equals the reference loss from those weights."""
+    batches = _batches((1, 28, 28), steps=2)
+    model = mlp().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=64)
+    step(*batches[0])
+    other = mlp(rng=11)
+    if how == "parameter":        # a new Parameter the optimizer does not hold: refused, with the reason
+        model[1].weight = nn.Parameter(ops.cuda.asarray(other[1].weight.data))
+        with pytest.raises(ValueError, match="does not hold exactly the model's parameters"):
+            step(*batches[1])
+        return
+    if how == "data":
+        model[1].weight.data = ops.cuda.asarray(other[1].weight.data)
+    elif how == "load_state_dict":
+        model.load_state_dict(other.state_dict())
+    else:
+        model.to("cpu").to("cuda")
+    ref = mlp().to("cuda")
+    ref.load_state_dict({k: ops.cuda.to_numpy(v) for k, v in model.state_dict().items()})
+    want = _reference_steps(ref, optim.SGD(ref.parameters(), lr=0.0), batches[1:])[0]
+    assert float(step(*batches[1])) == pytest.approx(want, rel=1e-5)

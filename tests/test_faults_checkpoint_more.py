@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cydnn
 from cydnn import models, serialization
 from cydnn.serialization import CheckpointError
 
@@ -122,7 +123,7 @@ def test_member_inflating_past_its_declared_size_is_read_only_that_far(tmp_path)
 
 def test_truncated_anywhere(tmp_path):
     path = tmp_path / "m.npz"
-    models.LeNet5(seed=0).save(path)
+    cydnn.save(models.LeNet5(seed=0), path)
     data = path.read_bytes()
     cuts = sorted(set([4, 10, 30, 100] + [len(data) * k // 40 for k in range(1, 40)]
                       + [len(data) - k for k in (1, 2, 10, 22, 23, 100)]))
@@ -135,13 +136,14 @@ def test_truncated_anywhere(tmp_path):
 
 SAVER = textwrap.dedent("""
     import sys
+    import cydnn
     from cydnn import models
     path, marker = sys.argv[1], sys.argv[2]
     a, b = models.LeNet5(seed=1), models.LeNet5(seed=2)
     open(marker, "w").close()
     while True:                      # save two models in turn, as fast as it can
-        a.save(path)
-        b.save(path)
+        cydnn.save(a, path)
+        cydnn.save(b, path)
 """)
 
 
@@ -174,12 +176,13 @@ def test_save_killed_at_a_random_moment_leaves_a_complete_checkpoint(tmp_path, d
 ENOSPC_CHILD = textwrap.dedent("""
     import os, sys
     import numpy as np
+    import cydnn
     from cydnn import models, serialization
     folder = sys.argv[1]
     small = models.LeNet5(seed=1)
-    small.save(os.path.join(folder, "m.npz"))        # about 180 kB: fits in 256 kB
+    cydnn.save(small, os.path.join(folder, "m.npz"))        # about 180 kB: fits in 256 kB
     try:
-        models.LeNet5(seed=2, num_classes=1000).save(os.path.join(folder, "m.npz"))   # about 520 kB: does not
+        cydnn.save(models.LeNet5(seed=2, num_classes=1000), os.path.join(folder, "m.npz"))   # about 520 kB: does not
     except OSError as e:
         print("errno", e.errno, file=sys.stderr)
     loaded = serialization.load(os.path.join(folder, "m.npz"))

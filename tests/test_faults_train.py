@@ -48,7 +48,7 @@ def test_limit_larger_than_the_dataset_says_so(tmp_path):
 def test_ctrl_c_stops_quickly_and_leaves_no_partial_checkpoint(tmp_path, previous):
     target = tmp_path / "model.npz"
     if previous:
-        cydnn.models.LeNet5(seed=7).save(target)
+        cydnn.save(cydnn.models.LeNet5(seed=7), target)
         before = target.read_bytes()
     proc = subprocess.Popen(cmd(tmp_path, "--limit-train", "5000", "--epochs", "50", "--save", str(target)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -125,7 +125,7 @@ def test_full_disk_during_export_is_an_oserror_naming_the_path(tmp_path, fmt, mo
     if fmt == "safetensors":
         pytest.importorskip("safetensors")
     target = tmp_path / "w"
-    models.LeNet5(seed=1).export_weights(target, fmt)
+    cydnn.export_weights(models.LeNet5(seed=1), target, fmt)
     before = sorted(p.name for p in tmp_path.rglob("*"))
     real_open = open
 
@@ -151,7 +151,7 @@ def test_full_disk_during_export_is_an_oserror_naming_the_path(tmp_path, fmt, mo
 
     monkeypatch.setattr("builtins.open", full_open)
     with pytest.raises(OSError) as info:
-        models.LeNet5(seed=2).export_weights(target, fmt)
+        cydnn.export_weights(models.LeNet5(seed=2), target, fmt)
     monkeypatch.undo()
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(target), info.value
     assert type(info.value) is OSError                  # not SafetensorError, not a WeightsError
@@ -223,7 +223,7 @@ def test_load_pytorch_weights_normalize(tmp_path):
     path = os.path.join(FIXTURES, "modern.npz")
     model = cydnn.load_pytorch_weights(models.LeNet5(), path, normalize=(0.5, 0.25))
     assert (model.mean, model.std) == (0.5, 0.25)
-    assert serialization.load(model.save(tmp_path / "m.npz")).config()["mean"] == 0.5
+    assert serialization.load(cydnn.save(model, tmp_path / "m.npz")).config()["mean"] == 0.5
     model = cydnn.load_pytorch_weights(models.LeNet5(), path, normalize=None)
     assert (model.mean, model.std) == (0.0, 1.0)
     model = cydnn.load_pytorch_weights(models.LeNet5(), path)
@@ -236,7 +236,29 @@ def test_load_pytorch_weights_normalize(tmp_path):
         np.testing.assert_allclose(m.predict(x), want, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("bad", [(0.0, 0.0), (float("nan"), 1.0), (1.0,), "ab", 3])
+def test_per_channel_normalize():
+    model = models.SmallCNN(in_channels=3, input_size=32, widths=[4, 8, 8])
+    from cydnn._normalize import apply_normalize
+    apply_normalize(model, ((0.5, 0.4, 0.3), (0.2, 0.25, 0.3)), ValueError, "t")
+    assert model.mean == (0.5, 0.4, 0.3) and model.std == (0.2, 0.25, 0.3)
+    x = np.random.default_rng(0).random((2, 3, 32, 32)).astype(np.float32)
+    want = (x - np.array([0.5, 0.4, 0.3], np.float32)[:, None, None]) / np.array([0.2, 0.25, 0.3], np.float32)[:, None, None]
+    np.testing.assert_allclose(model.preprocess(x), want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="takes 3 channels"):
+        apply_normalize(model, ((0.5, 0.4), 1.0), ValueError, "t")
+    # end to end: a state_dict loaded with per-channel statistics (CIFAR-10's)
+    path = cydnn.export_weights(model, os.path.join(os.environ.get("TMPDIR", "/tmp"), f"pc{os.getpid()}.npz"))
+    try:
+        fresh = models.SmallCNN(in_channels=3, input_size=32, widths=[4, 8, 8], seed=9)
+        cydnn.load_pytorch_weights(fresh, path, normalize=((0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)))
+        assert fresh.mean == (0.4914, 0.4822, 0.4465) and fresh.config()["std"] == [0.247, 0.243, 0.261]
+    finally:
+        os.unlink(path)
+    with pytest.raises(ValueError, match="> 0"):
+        apply_normalize(model, (0.5, (1.0, 0.0, 1.0)), ValueError, "t")
+
+
+@pytest.mark.parametrize("bad", [(0.0, 0.0), (float("nan"), 1.0), (1.0,), "ab", 3, ([], 1.0), (0.1, [1.0, [2.0]])])
 def test_bad_normalize_is_refused_before_anything_changes(bad):
     model = models.LeNet5(seed=5)
     before = model.state_dict()
@@ -263,3 +285,18 @@ def test_load_onnx_normalize(expected_onnx=os.path.join(FIXTURES, "modern.onnx")
     with pytest.raises(ValueError, match="normalize"):
         cydnn.load_onnx(expected_onnx, lenet=False, normalize=(0.5, 0.5))
     assert type(cydnn.load_onnx(expected_onnx, lenet=False, normalize=None)) is nn.Sequential
+
+
+def test_each_loader_names_what_a_wrong_file_looks_like(tmp_path):
+    """Given another loader's file, each loader says what the file is and which function loads it."""
+    ckpt = cydnn.save(models.LeNet5(), tmp_path / "m.npz")
+    with pytest.raises(cydnn.onnx_import.OnnxImportError, match="load_pytorch_weights"):
+        cydnn.load_onnx(os.path.join(FIXTURES, "modern.safetensors"))
+    (tmp_path / "legacy.pt").write_bytes(b"\x80\x02}q\x00.")         # a protocol-2 pickle
+    with pytest.raises(WeightsError, match="pickle.*never unpickles"):
+        cydnn.load_pytorch_weights(models.LeNet5(), tmp_path / "legacy.pt")
+    with pytest.raises(WeightsError, match="load_onnx"):
+        cydnn.load_pytorch_weights(models.LeNet5(), os.path.join(FIXTURES, "modern.onnx"))
+    with pytest.raises(CheckpointError, match="pickle.*never unpickles"):
+        cydnn.load(tmp_path / "legacy.pt")
+    assert cydnn.load(ckpt).num_classes == 10

@@ -233,7 +233,7 @@ def test_missing_safetensors_package_is_named(monkeypatch, tmp_path, expected):
     np.testing.assert_allclose(logits(model, expected["inputs_modern"]), expected["logits_modern"],
                                rtol=1e-4, atol=1e-5)
     with pytest.raises(ImportError, match=r"cydnn\[safetensors\]"):
-        models.LeNet5().export_weights(tmp_path / "w.safetensors", format="safetensors")
+        cydnn.export_weights(models.LeNet5(), tmp_path / "w.safetensors", format="safetensors")
     assert os.listdir(tmp_path) == []
 
 
@@ -245,12 +245,12 @@ def test_export_reimport_is_exact(tmp_path, fmt, classic):
         pytest.importorskip("safetensors")
     model = models.LeNet5(classic=classic, seed=3)
     path = tmp_path / f"w.{fmt}"
-    assert model.export_weights(path, format=fmt) == str(path)
+    assert cydnn.export_weights(model, path, format=fmt) == str(path)
     assert os.listdir(tmp_path) == [f"w.{fmt}"]                  # no temporary left beside it
     same_state(cydnn.load_pytorch_weights(models.LeNet5(classic=classic, seed=9), path), model)
     # again over the first export: replaced, not merged
     other = models.LeNet5(classic=classic, seed=4)
-    other.export_weights(path, format=fmt)
+    cydnn.export_weights(other, path, format=fmt)
     assert os.listdir(tmp_path) == [f"w.{fmt}"]
     same_state(cydnn.load_pytorch_weights(models.LeNet5(classic=classic), path), other)
 
@@ -258,16 +258,16 @@ def test_export_reimport_is_exact(tmp_path, fmt, classic):
 def test_export_matches_torch_layout(tmp_path):
     """What cydnn writes is what PyTorch wrote: same names, shapes and float32 values."""
     model = cydnn.load_pytorch_weights(models.LeNet5(), fixture("modern.npz"))
-    model.export_weights(tmp_path / "w.npz")
+    cydnn.export_weights(model, tmp_path / "w.npz")
     with np.load(tmp_path / "w.npz") as ours, np.load(fixture("modern.npz")) as theirs:
         assert sorted(ours.files) == sorted(theirs.files)
         for k in theirs.files:
             assert ours[k].dtype == np.float32
             np.testing.assert_array_equal(ours[k], theirs[k])
-    model.export_weights(tmp_path / "bin", format="bin")
+    cydnn.export_weights(model, tmp_path / "bin", format="bin")
     for entry in os.listdir(fixture("modern_bin")):
         assert (tmp_path / "bin" / entry).read_bytes() == open(fixture("modern_bin/" + entry), "rb").read()
-    model.export_weights(tmp_path / "txt", format="txt")
+    cydnn.export_weights(model, tmp_path / "txt", format="txt")
     assert sorted(os.listdir(tmp_path / "txt")) == sorted(os.listdir(fixture("modern_txt")))
 
 
@@ -288,24 +288,24 @@ def test_export_plain_module(tmp_path):
 def test_export_failure_keeps_the_old_file(tmp_path, monkeypatch):
     model = models.LeNet5(seed=1)
     path = tmp_path / "w.npz"
-    model.export_weights(path)
+    cydnn.export_weights(model, path)
     old = path.read_bytes()
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
     monkeypatch.setattr(np, "savez", broken)
     with pytest.raises(OSError, match="disk full"):
-        models.LeNet5(seed=2).export_weights(path)
+        cydnn.export_weights(models.LeNet5(seed=2), path)
     assert path.read_bytes() == old and os.listdir(tmp_path) == ["w.npz"]
 
 
 def test_export_folder_failure_keeps_the_old_folder(tmp_path, monkeypatch):
     model = models.LeNet5(seed=1)
-    model.export_weights(tmp_path / "w", format="txt")
+    cydnn.export_weights(model, tmp_path / "w", format="txt")
     before = sorted(os.listdir(tmp_path / "w"))
     monkeypatch.setattr(np, "savetxt", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
-        models.LeNet5(seed=2).export_weights(tmp_path / "w", format="txt")
+        cydnn.export_weights(models.LeNet5(seed=2), tmp_path / "w", format="txt")
     assert os.listdir(tmp_path) == ["w"] and sorted(os.listdir(tmp_path / "w")) == before
     same_state(cydnn.load_pytorch_weights(models.LeNet5(), tmp_path / "w"), model)
 
@@ -314,12 +314,12 @@ def test_export_refuses_to_replace_a_foreign_folder(tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.md").write_text("keep me")
     with pytest.raises(FileExistsError, match="other than"):
-        models.LeNet5().export_weights(tmp_path / "mine", format="bin")
+        cydnn.export_weights(models.LeNet5(), tmp_path / "mine", format="bin")
     assert os.listdir(tmp_path / "mine") == ["notes.md"]
     assert sorted(os.listdir(tmp_path)) == ["mine"]
     os.symlink(tmp_path / "mine", tmp_path / "link")
     with pytest.raises(FileExistsError, match="is a link"):
-        models.LeNet5().export_weights(tmp_path / "link", format="txt")
+        cydnn.export_weights(models.LeNet5(), tmp_path / "link", format="txt")
     assert sorted(os.listdir(tmp_path)) == ["link", "mine"]
     with pytest.raises(ValueError, match="unknown format"):
-        models.LeNet5().export_weights(tmp_path / "x", format="pt")
+        cydnn.export_weights(models.LeNet5(), tmp_path / "x", format="pt")

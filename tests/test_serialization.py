@@ -8,6 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 
+import cydnn
 from cydnn import models, serialization
 from cydnn.serialization import CheckpointError
 
@@ -46,7 +47,7 @@ def only_file(directory):
 def test_round_trip_gives_identical_state_and_predictions(tmp_path, device, classic):
     model = models.LeNet5(classic=classic, num_classes=10, seed=3, mean=0.2, std=0.4)
     path = tmp_path / "lenet.ckpt"
-    assert model.save(path, metadata={"accuracy": np.float32(0.9875), "epochs": np.int64(3)}) == str(path)
+    assert cydnn.save(model, path, metadata={"accuracy": np.float32(0.9875), "epochs": np.int64(3)}) == str(path)
     assert only_file(tmp_path) == ["lenet.ckpt"]           # exactly this name; no .npz added, no temp left
 
     loaded = serialization.load(path, device=device)
@@ -66,29 +67,29 @@ def test_trained_weights_survive_not_the_seed(tmp_path):
     """The file holds the weights themselves: a changed weight comes back, not the seed's."""
     model = models.LeNet5(seed=0)
     model.fc3.bias.data[:] = np.arange(10, dtype=np.float32)
-    model.save(tmp_path / "m.npz")
+    cydnn.save(model, tmp_path / "m.npz")
     np.testing.assert_array_equal(serialization.load(tmp_path / "m.npz").fc3.bias.data, np.arange(10))
 
 
 def test_float64_model_is_saved_as_float32(tmp_path):
     model = models.LeNet5(seed=0).double()
-    model.save(tmp_path / "m.npz")
+    cydnn.save(model, tmp_path / "m.npz")
     with np.load(tmp_path / "m.npz", allow_pickle=False) as npz:
         assert all(npz[k].dtype == np.float32 for k in npz.files if k.startswith("param/"))
     assert serialization.load(tmp_path / "m.npz").dtype == np.float32
 
 
 def test_metadata(tmp_path):
-    models.LeNet5().save(tmp_path / "m.npz", metadata={"accuracy": 0.99, "epochs": 5, "tags": ["a"]})
+    cydnn.save(models.LeNet5(), tmp_path / "m.npz", metadata={"accuracy": 0.99, "epochs": 5, "tags": ["a"]})
     meta = serialization.load_metadata(tmp_path / "m.npz")
     assert meta["accuracy"] == 0.99 and meta["epochs"] == 5 and meta["tags"] == ["a"]
     assert "cydnn_version" in meta and meta["created"][:2] == "20"
-    models.LeNet5().save(tmp_path / "n.npz")
+    cydnn.save(models.LeNet5(), tmp_path / "n.npz")
     assert set(serialization.load_metadata(tmp_path / "n.npz")) == {"cydnn_version", "created"}
 
 
 def test_file_layout_is_plain_arrays(tmp_path):
-    models.LeNet5().save(tmp_path / "m.npz")
+    cydnn.save(models.LeNet5(), tmp_path / "m.npz")
     with np.load(tmp_path / "m.npz", allow_pickle=False) as npz:
         assert set(npz.files) == {"format_version", "config", "metadata"} | {
             "param/" + k for k in models.LeNet5().state_dict()}
@@ -99,7 +100,7 @@ def test_file_layout_is_plain_arrays(tmp_path):
 # -------------------------------------------------------------- atomicity
 def test_failing_write_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "model.npz"
-    models.LeNet5(seed=1).save(path)
+    cydnn.save(models.LeNet5(seed=1), path)
     old_bytes = path.read_bytes()
 
     def broken_savez(file, **arrays):
@@ -108,14 +109,14 @@ def test_failing_write_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
 
     monkeypatch.setattr(serialization.np, "savez", broken_savez)
     with pytest.raises(OSError, match="disk full"):
-        models.LeNet5(seed=2).save(path)
+        cydnn.save(models.LeNet5(seed=2), path)
     assert path.read_bytes() == old_bytes
     assert only_file(tmp_path) == ["model.npz"]
 
 
 def test_failing_rename_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "model.npz"
-    models.LeNet5(seed=1).save(path)
+    cydnn.save(models.LeNet5(seed=1), path)
     old_bytes = path.read_bytes()
 
     def broken_replace(src, dst):
@@ -123,22 +124,22 @@ def test_failing_rename_leaves_old_file_and_no_temporary(tmp_path, monkeypatch):
 
     monkeypatch.setattr(serialization.os, "replace", broken_replace)
     with pytest.raises(OSError, match="rename failed"):
-        models.LeNet5(seed=2).save(path)
+        cydnn.save(models.LeNet5(seed=2), path)
     assert path.read_bytes() == old_bytes
     assert only_file(tmp_path) == ["model.npz"]
 
 
 def test_unserialisable_metadata_fails_before_writing(tmp_path):
     with pytest.raises(TypeError, match="JSON"):
-        models.LeNet5().save(tmp_path / "m.npz", metadata={"model": object()})
+        cydnn.save(models.LeNet5(), tmp_path / "m.npz", metadata={"model": object()})
     assert only_file(tmp_path) == []
 
 
 def test_overwrite_replaces_and_keeps_mode(tmp_path):
     path = tmp_path / "m.npz"
-    models.LeNet5(seed=1).save(path)
+    cydnn.save(models.LeNet5(seed=1), path)
     os.chmod(path, 0o640)
-    models.LeNet5(seed=2).save(path)
+    cydnn.save(models.LeNet5(seed=2), path)
     assert os.stat(path).st_mode & 0o777 == 0o640
     np.testing.assert_array_equal(serialization.load(path).fc3.bias.data, models.LeNet5(seed=2).fc3.bias.data)
 
@@ -146,7 +147,7 @@ def test_overwrite_replaces_and_keeps_mode(tmp_path):
 # --------------------------------------------------------------- bad files
 def test_truncated_file(tmp_path):
     path = tmp_path / "m.npz"
-    models.LeNet5().save(path)
+    cydnn.save(models.LeNet5(), path)
     data = path.read_bytes()
     for size in (len(data) // 2, len(data) - 10, 100):
         path.write_bytes(data[:size])
@@ -174,7 +175,7 @@ def test_missing_file_is_file_not_found(tmp_path):
 
 def test_corrupted_member_is_detected(tmp_path):
     path = tmp_path / "m.npz"
-    models.LeNet5().save(path)
+    cydnn.save(models.LeNet5(), path)
     data = bytearray(path.read_bytes())
     with zipfile.ZipFile(path) as z:
         info = z.getinfo("param/fc1.weight.npy")
@@ -279,7 +280,7 @@ def test_pickled_object_array_is_refused(tmp_path, key, monkeypatch):
 def test_load_never_unpickles_nor_calls_np_load(tmp_path, monkeypatch):
     # The checkpoint reader parses each member's .npy header itself (to bound what it allocates)
     # and refuses object dtypes from the header: neither np.load nor pickle is ever reached.
-    models.LeNet5().save(tmp_path / "m.npz")
+    cydnn.save(models.LeNet5(), tmp_path / "m.npz")
     seen = []
     monkeypatch.setattr(serialization.np, "load", lambda *a, **k: seen.append("np.load"))
     monkeypatch.setattr(pickle, "loads", lambda *a, **k: seen.append("pickle.loads"))

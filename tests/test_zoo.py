@@ -349,7 +349,7 @@ def test_zoo_round_trip_gives_the_same_predictions(tmp_path, make, device):
     x = images((6, c, h, w), seed=7)
     train_a_little(model, x, np.arange(6) % model.num_classes)     # the model is left in training mode
     before = model.predict(x)
-    model.save(tmp_path / "m.npz", metadata={"note": "zoo"})
+    cydnn.save(model, tmp_path / "m.npz", metadata={"note": "zoo"})
     loaded = serialization.load(tmp_path / "m.npz", device=device)
     assert type(loaded) is type(model) and loaded.config() == model.config()
     assert loaded.input_shape == model.input_shape and (loaded.mean, loaded.std) == (model.mean, model.std)
@@ -379,7 +379,7 @@ def test_zoo_predict_on_cuda_matches_the_cpu(make):
 
 def hostile(tmp_path, model, **config):
     """A checkpoint of ``model`` whose config entry is replaced by ``config`` (over model.config())."""
-    path = model.save(tmp_path / "good.npz")
+    path = cydnn.save(model, tmp_path / "good.npz")
     with np.load(path, allow_pickle=False) as z:
         entries = {k: z[k] for k in z.files}
     entries["config"] = np.array(json.dumps({**model.config(), **config}))

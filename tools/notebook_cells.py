@@ -346,7 +346,7 @@ captured graph); `predict(x, fast=False)` is the per-layer reference.
 """)
 code("""
 path = Path(tempfile.mkdtemp()) / "lenet.npz"
-model.save(path)
+cydnn.save(model, path)
 loaded = cydnn.load(path, device=device)
 digits = test_images[100:106]
 p = loaded.predict(digits)

@@ -222,7 +222,7 @@ def main(argv=None):
                 try:
                     if loaded is None:
                         raise RuntimeError("no cydnn model (the npz import failed)")
-                    path = loaded.export_weights(os.path.join(folder, f"cydnn.{form}"), format=form)
+                    path = cydnn.export_weights(loaded, os.path.join(folder, f"cydnn.{form}"), format=form)
                     back = TorchLeNet5(classic=classic)
                     load_state_dict_numpy(back, read_for_torch(path, form, shapes))
                     got = state_dict_numpy(back)

@@ -44,9 +44,9 @@ def __getattr__(name):
     if name == "compile":                                       # any Sequential -> plan, graph, fused kernels
         from cydnn.compiler import compile
         return compile
-    if name == "load":
-        from cydnn.serialization import load
-        return load
+    if name in ("load", "save"):                                # checkpoints (free functions: a model
+        from cydnn import serialization                         # never imports the layers above it)
+        return getattr(serialization, name)
     if name in ("load_pytorch_weights", "export_weights"):     # weights from/for PyTorch, no torch needed
         return getattr(importlib.import_module("cydnn.interop"), name)
     if name == "load_onnx":                                     # needs the onnx package when called

@@ -13,17 +13,16 @@ PyTorch side, export one of these forms::
         v.astype("<f4").tofile(f"lenet_bin/{k}.bin")            #   or raw little-endian float32
 
 and load it with ``cydnn.load_pytorch_weights(model, path)``.  The other way,
-``model.export_weights(path, format)`` (for any module:
-``cydnn.export_weights(module, path, format)``) writes the same forms, which
+``cydnn.export_weights(module, path, format)`` (any module) writes the same forms, which
 PyTorch reads back with::
 
     torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in np.load("lenet.npz").items()})
     # .txt / .bin: np.loadtxt(f, dtype=np.float32) / np.fromfile(f, "<f4"), then
     # .reshape(torch_model.state_dict()[k].shape) before torch.from_numpy
 
-Nothing is ever unpickled (``np.load(allow_pickle=False)``; a ``torch.save``
-file is refused with a hint).  Values are taken as they are: NaN and inf load
-unchanged (check ``np.isfinite`` yourself if that matters).
+Nothing is ever unpickled (a ``torch.save`` file is refused with a hint);
+files are hostile until checked (bounds: docs/reliability.md).  NaN and inf
+load unchanged (check ``np.isfinite`` yourself if that matters).
 """
 import math
 import os
@@ -33,8 +32,9 @@ import warnings
 
 import numpy as np
 
-from ._filesafe import NpzReader, check_lossless, read_safetensors_header, read_safetensors_tensor
+from ._filesafe import NpzReader, check_lossless, describe, read_safetensors_header, read_safetensors_tensor
 from ._names import check_name, child_path
+from ._normalize import KEEP as _KEEP, apply_normalize, check_normalize  # noqa: F401
 
 __all__ = ["WeightsError", "load_pytorch_weights", "export_weights", "FORMATS"]
 
@@ -48,7 +48,6 @@ MAX_TOTAL_BYTES = 4 << 30
 MAX_TXT_BYTES_PER_VALUE = 64
 
 _ZIP_MAGIC = b"PK\x03\x04"
-_KEEP = object()
 
 
 class WeightsError(ValueError):
@@ -177,8 +176,10 @@ def _detect(path):
         return "safetensors"
     if path.endswith(".safetensors"):
         return "safetensors"
+    looks = describe(path)
     raise WeightsError(f"{path}: neither an .npz archive nor a .safetensors file (it starts with {head!r}); "
-                       f"a folder of <name>.txt / <name>.bin files is the third form")
+                       f"a folder of <name>.txt / <name>.bin files is the third form"
+                       + (f"; it looks like {looks}" if looks else ""))
 
 
 # ----------------------------------------------------------------- loading
@@ -222,31 +223,6 @@ def _check(arrays, problems, expected, dtypes, path, strict, folder):
     return state
 
 
-def check_normalize(normalize, error, where):
-    """``(mean, std)`` as floats from ``normalize`` (finite, std > 0); ``None`` gives ``(0.0, 1.0)``."""
-    if normalize is None:
-        return 0.0, 1.0
-    try:
-        mean, std = (float(v) for v in normalize)
-    except (TypeError, ValueError) as e:
-        raise error(f"{where}: normalize must be (mean, std) or None, got {normalize!r}") from e
-    if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
-        raise error(f"{where}: normalize=(mean, std) needs a finite mean and a finite std > 0, got {normalize!r}")
-    return mean, std
-
-
-def apply_normalize(model, normalize, error, where):
-    """Set the model's input normalisation ``(v - mean) / std`` from ``normalize`` (see check_normalize)."""
-    if normalize is _KEEP:
-        return model
-    mean, std = check_normalize(normalize, error, where)
-    if not (hasattr(model, "mean") and hasattr(model, "std")):
-        raise error(f"{where}: normalize applies to a model that normalises its input (mean, std), such as "
-                    f"cydnn.models.LeNet5; {type(model).__name__} takes its input as it is")
-    model.mean, model.std = mean, std
-    return model
-
-
 def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     """Load a PyTorch state_dict saved without torch into ``model``; returns ``model``.
 
@@ -265,8 +241,8 @@ def load_pytorch_weights(model, path, strict=True, normalize=_KEEP):
     Preprocessing: a PyTorch state_dict holds no preprocessing.  A cydnn image
     model (``LeNet5``) computes ``(x - mean) / std`` on its raw input (after
     ``input_pad`` zero pixels for classic LeNet-5) before the first layer;
-    ``normalize=(mean, std)`` sets those to what the PyTorch model was trained
-    with, ``normalize=None`` makes the input pass unchanged (mean 0, std 1: the
+    ``normalize=(mean, std)`` (each a number, or one per channel) sets those
+    to what the PyTorch model was trained with, ``normalize=None`` makes the input pass unchanged (mean 0, std 1: the
     caller normalises), and leaving it out keeps the model's own (LeNet5:
     0.1307, 0.3081, MNIST's).
 

@@ -48,7 +48,8 @@ import os
 from collections import OrderedDict
 
 from . import models, nn
-from .interop import _KEEP, apply_normalize
+from ._filesafe import describe
+from ._normalize import KEEP as _KEEP, apply_normalize
 from .onnx_builder import SUPPORTED_OPS, Builder, Softmax
 from .onnx_checks import MAX_ONNX_BYTES, MAX_OPSET, OnnxImportError, check_file, check_graph, check_opset
 from .ops._check import pair
@@ -117,7 +118,7 @@ def load_onnx(path, device="cpu", lenet=True, normalize=_KEEP):
     nothing: its input is the graph's input (``normalize`` may only be None).
     The ``LeNet5`` takes raw images (pixels in [0, 1]) and computes
     ``(x - mean) / std`` itself (after padding 28 x 28 images by 2 for the
-    classic, 32 x 32 variant): ``normalize=(mean, std)`` sets the values the
+    classic, 32 x 32 variant): ``normalize=(mean, std)`` (numbers) sets the values the
     network was trained with, ``normalize=None`` means the input is already
     normalised (mean 0, std 1), and leaving it out keeps cydnn's MNIST values
     (0.1307, 0.3081).
@@ -143,7 +144,9 @@ def load_onnx(path, device="cpu", lenet=True, normalize=_KEEP):
     except FileNotFoundError:
         raise
     except Exception as e:      # protobuf's DecodeError, onnx's own errors
-        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
+        looks = describe(path)
+        looks = f"; it looks like {looks}" if looks and "ONNX" not in looks else ""
+        raise OnnxImportError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e}){looks}") from e
     check_opset(proto, path)
     check_graph(proto.graph, path)
     builder = Builder(onnx, proto.graph, path)

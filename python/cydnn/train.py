@@ -276,7 +276,7 @@ def train(args, log=None):
         "history": history,
     }
     if args.save:
-        model.save(args.save, metadata={k: v for k, v in summary.items() if k != "history"})
+        cydnn.save(model, args.save, metadata={k: v for k, v in summary.items() if k != "history"})
         log(f"saved {args.save}")
     if args.plot:
         plot(history, confusion if history else None, data.classes, args.plot, title=f"{name} on {data.name}")

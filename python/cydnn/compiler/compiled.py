@@ -206,12 +206,15 @@ class CompiledStep:
 
     # -- planning --------------------------------------------------------------
     def _runner(self, batch, input_shape):
-        if self._sig is None or not self._sig.fresh() or not self._flat.fresh(self._flat.params):
-            self._replan()
         key = (batch, tuple(input_shape))
+        stale = self._sig is None or not self._sig.fresh() or not self._flat.fresh(self._flat.params)
+        plan = None
+        if stale or key not in self._runners:      # trace first: a bad shape is refused before any GPU work
+            plan, _ = _build_plan(self.model, input_shape, batch, True, self.options)
+        if stale:
+            self._replan()
         runner = self._runners.get(key)
         if runner is None:
-            plan, _ = _build_plan(self.model, input_shape, batch, True, self.options)
             given = self._flat.given()
             given.update(module_buffers(self.model, plan))
             runner = _Runner(plan, given, self.cuda_graph and self.mode != "steps")

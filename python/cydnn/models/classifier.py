@@ -315,14 +315,3 @@ class ImageClassifier(nn.Sequential):
     def predict_classes(self, x, batch_size=1024):
         """The most probable class of each image: int64 (N,).  Same input rules as :meth:`predict`."""
         return self.predict(x, batch_size=batch_size).argmax(axis=1).astype(np.int64)
-
-    def save(self, path, metadata=None):
-        """Write a checkpoint; see :func:`cydnn.serialization.save`."""
-        from .. import serialization
-        return serialization.save(self, path, metadata=metadata)
-
-    def export_weights(self, path, format="npz"):
-        """Write the weights for PyTorch's ``load_state_dict`` (``"npz"``, ``"safetensors"``,
-        or a folder of ``"txt"`` / ``"bin"`` files); see :func:`cydnn.interop.export_weights`."""
-        from .. import interop
-        return interop.export_weights(self, path, format=format)

@@ -67,7 +67,11 @@ def sources_and_tests(name, root=ROOT):
     return sources, tests, missing
 
 
-def stage(scratch, sources, tests):
+def _toml_list(items):
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def stage(scratch, sources, tests, skip=()):
     """The scratch copy: src/cydnn (with the built extension), tests/, and a pyproject.toml with
     the project's pytest settings plus mutmut's."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.c", "*.cpp", "build")
@@ -76,11 +80,11 @@ def stage(scratch, sources, tests):
     text = (ROOT / "pyproject.toml").read_text()
     text = text[text.index("[tool.pytest.ini_options]"):] if "[tool.pytest.ini_options]" in text else ""
 
-    def toml_list(items):
-        return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+    toml_list = _toml_list
     text += ("\n[tool.mutmut]\n"
              f"source_paths = {toml_list('src/' + s for s in sources)}\n"
              'also_copy = ["src/cydnn"]\n'
+             f"do_not_mutate = {toml_list('src/' + p for p in skip)}\n"
              f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
              'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n')
     (scratch / "pyproject.toml").write_text(text)
@@ -151,16 +155,34 @@ def run_module(name, scratch_root, args):
         print(f"{name:14s} python/{' python/'.join(sources)}  <-  {' '.join(tests)}")
         return None
     scratch = scratch_root / name.replace("/", "_")
-    shutil.rmtree(scratch, ignore_errors=True)
-    stage(scratch, sources, tests)
-    print(f"{name:14s} mutating python/{' python/'.join(sources)} against {' '.join(tests)} ...", flush=True)
+    again = []
+    if args.retest_survivors:
+        if not (scratch / "mutants").is_dir():
+            print(f"{name:14s} not run: --retest-survivors needs a previous run kept in {scratch}")
+            return None
+        again = read_results(scratch)[1]
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+        shutil.rmtree(scratch / "tests")               # today's tests; the mutated sources stay as they were
+        shutil.copytree(ROOT / "tests", scratch / "tests", ignore=ignore, symlinks=True)
+        if f"pytest_add_cli_args_test_selection = {_toml_list(tests)}" not in (scratch / "pyproject.toml").read_text():
+            print(f"{name:14s} note: the table's test files changed since that run; it keeps the old list")
+        print(f"{name:14s} re-testing {len(again)} survivors against today's tests ...", flush=True)
+        if not again:
+            return read_score(name, scratch, args, 0.0, None, sources, tests)
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+        stage(scratch, sources, tests, args.skip)
+        print(f"{name:14s} mutating python/{' python/'.join(sources)} against {' '.join(tests)} ...", flush=True)
     started = time.monotonic()
-    out = mutmut("run", "--max-children", str(args.jobs), cwd=scratch, capture=True)
-    seconds = time.monotonic() - started
+    out = mutmut("run", "--max-children", str(args.jobs), *again, cwd=scratch, capture=True)
+    return read_score(name, scratch, args, time.monotonic() - started, out, sources, tests)
+
+
+def read_score(name, scratch, args, seconds, out=None, sources=(), tests=()):
     counts, survivors = read_results(scratch)
     total = counts["killed"] + counts["survived"] + counts["no_tests"]
-    if out.returncode != 0 or total == 0:
-        print(f"{name:14s} mutmut failed (exit {out.returncode}):\n{out.stdout[-3000:]}")
+    if (out is not None and out.returncode != 0) or total == 0:
+        print(f"{name:14s} mutmut failed" + (f" (exit {out.returncode}):\n{out.stdout[-3000:]}" if out else ""))
         return 0.0
     score = counts["killed"] / total
     diffs = survivor_diffs(scratch, survivors) if (args.survivors or args.json) else {}
@@ -185,8 +207,13 @@ def main(argv=None):
     p.add_argument("--survivors", action="store_true", help="print each surviving mutant's change")
     p.add_argument("--json", action="store_true", help="put the survivors' changes in build/mutation/*.json")
     p.add_argument("--jobs", type=int, default=1, help="mutants tested at once (default 1)")
+    p.add_argument("--skip", action="append", default=[], metavar="GLOB",
+                   help="files not to mutate, under python/ (e.g. 'cydnn/ops/cpu/norm.py'); repeatable")
     p.add_argument("--min-score", type=float, default=None, help="exit 1 if a module scores below this (0-1)")
     p.add_argument("--keep", metavar="DIR", help="stage in DIR and keep it (mutmut browse/show work there)")
+    p.add_argument("--retest-survivors", action="store_true",
+                   help="with --keep DIR of an earlier run: copy today's tests in and re-test only its survivors "
+                        "(after adding tests that should kill them; the sources must not have changed)")
     args = p.parse_args(argv)
     names = list(TABLE) if (args.all or (args.list and not args.modules)) else args.modules
     unknown = [n for n in names if n not in TABLE]

@@ -14,6 +14,7 @@ import weakref
 import numpy as np
 
 from .. import _C, nn
+from ..nn.module import structure_version
 from ..loop import reference_epoch
 from . import lenet
 from .executor import Bound
@@ -30,12 +31,14 @@ log = logging.getLogger("cydnn.compiler")
 class Signature:
     """What a bound plan depends on: every module's children, every parameter object and its array.
 
-    ``fresh()`` checks, by identity only, that none of them was replaced since (a few
-    microseconds: it runs on every call).  Values changing in place (training, ``copy_``)
+    ``fresh()`` checks, by identity only, that none of them was replaced since: one compare of
+    ``nn``'s structure version when nothing was assigned anywhere, the full walk otherwise (it runs
+    on every call).  Values changing in place (training, ``copy_``)
     need no check: the plan reads the arrays themselves.
     """
 
     def __init__(self, model):
+        self.version = structure_version()
         self.entries = []          # (dict, key, object it held)
         self.arrays = []           # (Parameter, array it held)
         stack = [model]
@@ -56,6 +59,14 @@ class Signature:
         self.sizes = [(v, len(v)) for d, k, v in self.entries if k in ("_modules", "_parameters")]
 
     def fresh(self):
+        if structure_version() == self.version:    # nothing was assigned anywhere since: one compare
+            return True
+        if self._full_check():
+            self.version = structure_version()
+            return True
+        return False
+
+    def _full_check(self):
         for d, key, obj in self.entries:
             if d.get(key) is not obj:
                 return False

@@ -271,8 +271,10 @@ class ImageClassifier(nn.Sequential):
         return probs
 
     def _preprocessing_key(self):
-        return (self.input_shape, self.input_pad, np.asarray(self.mean, np.float64).tobytes(),
-                np.asarray(self.std, np.float64).tobytes())
+        mean, std = self.mean, self.std          # floats or tuples (channel_values); an array if reassigned
+        if isinstance(mean, np.ndarray) or isinstance(std, np.ndarray):
+            mean, std = np.asarray(mean, np.float64).tobytes(), np.asarray(std, np.float64).tobytes()
+        return (self.input_shape, self.input_pad, mean, std)
 
     def network_input_shape(self):
         """(C, H + 2 input_pad, W + 2 input_pad): what the first layer sees."""

@@ -45,11 +45,20 @@ class Parameter:
     place, so an optimizer built after ``.to()`` sees the moved arrays.
     """
 
-    __slots__ = ("data", "grad")
+    __slots__ = ("_data", "grad")
 
     def __init__(self, data):
         self.data = data
         self.grad = None
+
+    @property
+    def data(self):
+        return self._data
+
+    @data.setter
+    def data(self, value):
+        self._data = value
+        _version[0] += 1           # a compiled plan bound to the old array must look again
 
     @property
     def shape(self):
@@ -61,6 +70,17 @@ class Parameter:
 
     def __repr__(self):
         return f"Parameter(shape={self.shape}, dtype={self.dtype}, device={_device_of(self.data)!r})"
+
+
+#: Bumped whenever something a compiled plan is bound to may have been replaced: a Parameter's array,
+#: a module, parameter or device buffer assigned or deleted through the attribute API.  A plan checks
+#: this one number per call and only on a change compares what it holds, one by one
+#: (``cydnn.compiler.compiled.Signature``).  Values changed in place need no bump: plans read the arrays.
+_version = [0]
+
+
+def structure_version():
+    return _version[0]
 
 
 # -------------------------------------------------------------------- module
@@ -107,7 +127,10 @@ class Module:
         buffers = self.__dict__["_buffers"]
         if name in buffers and not isinstance(value, (Parameter, Module)):
             buffers[name] = value       # a registered buffer stays one: its new value (or None)
+            if not isinstance(value, np.ndarray):    # host counters (num_batches_tracked) change every step
+                _version[0] += 1
             return
+        _version[0] += 1
         # An attribute is in exactly one place: a registry or the plain __dict__.
         for table in (self._parameters, buffers, self._modules, self.__dict__):
             table.pop(name, None)
@@ -127,6 +150,7 @@ class Module:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name):
+        _version[0] += 1
         for table in (self._parameters, self._buffers, self._modules):
             if name in table:
                 del table[name]

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 import cydnn
+import hostilekit
 from cydnn import models, serialization
 from cydnn.serialization import CheckpointError
 
@@ -43,32 +43,12 @@ def members(model=None):
 
 
 def write_zip(path, entries):
-    """A zip written by hand: ``entries`` maps a name to bytes (stored), or to
+    """A zip written by hand: ``entries`` maps a name (".npy" is appended) to bytes (stored), or to
     (raw deflate data, declared size, crc) so that a member can declare any size."""
-    out, central = bytearray(), bytearray()
-    for name, data in entries.items():
-        name = (name + ".npy").encode()
-        if isinstance(data, tuple):
-            payload, size, crc, method = data[0], data[1], data[2], 8
-        else:
-            payload, size, crc, method = data, len(data), zlib.crc32(data), 0
-        offset = len(out)
-        out += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, method, 0, 0x21, crc, len(payload), size,
-                           len(name), 0) + name + payload
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, method, 0, 0x21, crc, len(payload),
-                               size, len(name), 0, 0, 0, 0, 0, offset) + name
-    eocd = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, len(entries), len(entries), len(central), len(out), 0)
-    Path(path).write_bytes(bytes(out + central + eocd))
-    return path
+    return hostilekit.write_zip(path, [(name + ".npy", data) for name, data in entries.items()])
 
 
-def deflate_bomb(prefix, mib):
-    """Raw deflate data inflating to ``prefix`` + ``mib`` MiB of zeros, built in milliseconds
-    (after a full flush, deflate's output for the same input repeats)."""
-    c = zlib.compressobj(9, zlib.DEFLATED, -15)
-    head = c.compress(prefix) + c.flush(zlib.Z_FULL_FLUSH)
-    block = c.compress(bytes(1 << 20)) + c.flush(zlib.Z_FULL_FLUSH)
-    return head + block * mib + c.flush()
+deflate_bomb = hostilekit.deflate_bomb
 
 
 def peak_bytes(fn):

@@ -199,6 +199,7 @@ class CompiledStep:
         self._lenet = None
         self._lenet_reason = None
         self._num_classes = {}
+        self.mode_used = None     # what ran the last epoch (train_epoch reports it)
 
     def _reference_reason(self):
         if not self.cuda_graph and not self.fused:
@@ -277,8 +278,7 @@ class CompiledStep:
             self.mode, self.reason = "steps", runner.reason
 
     def _reference_step(self, x, y):
-        backend = self.model
-        logits = backend(x)
+        logits = self.model(x)
         loss = self.loss_fn(logits, y)
         self.model.backward(self.loss_fn.backward(), input_grad=False)
         self.optimizer.step()
@@ -436,7 +436,6 @@ class CompiledStep:
             return self._lenet.run(loader, scheduler, steps)
 
     # -- introspection ----------------------------------------------------------
-    mode_used = None
 
     def plan(self, input_shape=None, batch=None):
         """The training plan for ``batch`` (default: the compiled batch size) inputs of ``input_shape``."""

@@ -45,15 +45,15 @@ TABLE = {
     "ops/cpu": (["cydnn/ops/cpu"], ["tests/test_ops_cpu*.py", "tests/test_layers_norm.py",
                                     "tests/test_datasets_loader.py", "tests/test_datasets_augment.py"]),
     "serialization": (["cydnn/serialization.py", "cydnn/checkpoint_checks.py"],
-                      ["tests/test_serialization.py", "tests/test_faults_checkpoint*.py",
+                      ["tests/test_serialization*.py", "tests/test_faults_checkpoint*.py",
                        "tests/test_hostile_readers.py"]),
-    "interop": (["cydnn/interop.py"], ["tests/test_interop.py"]),
+    "interop": (["cydnn/interop.py"], ["tests/test_interop*.py"]),
     "onnx_import": (["cydnn/onnx_import.py", "cydnn/onnx_builder.py", "cydnn/onnx_checks.py"],
-                    ["tests/test_onnx_import.py", "tests/test_onnx_refusals.py", "tests/test_hostile_readers.py"]),
+                    ["tests/test_onnx_*.py", "tests/test_hostile_readers.py"]),
     "datasets": (["cydnn/datasets"], ["tests/test_datasets*.py", "tests/test_faults_download*.py",
                                       "tests/test_download_lock.py"]),
     # The compiler's Python passes (trace, passes, lower, ...).
-    "compiler": (["cydnn/compiler"], ["tests/test_compiler.py", "tests/test_compiler_numpy.py"]),
+    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py"]),
 }
 
 KILLED = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}     # failed, pytest error, timeouts, crashes, type check

@@ -214,9 +214,9 @@ NOTE = "holds pickled Python objects, which a checkpoint never contains; refusin
 def test_pickled_member_message(tmp_path):
     p = str(write_npz(tmp_path / "m.npz", **entries(config=np.array([1, None], object))))
     assert refused(p) == f"{p}: entry 'config' {NOTE}"
-    # A parameter is refused from its header (the shape check reads it first) ...
+    # A parameter is refused from its header (the shape check reads it first), in the same words ...
     p = str(write_npz(tmp_path / "n.npz", **entries(param__fc3_dot_bias=np.array([1, None], object))))
-    assert refused(p) == f"{p}: entry 'param/fc3.bias' holds pickled Python objects, which is never loaded"
+    assert refused(p) == f"{p}: entry 'param/fc3.bias' {NOTE}"
     # ... and by the lazy read itself, should anything read it first.
     with serialization._open(p) as e:
         with pytest.raises(CheckpointError) as info:

@@ -160,10 +160,11 @@ class NpzReader:
             raise self.error(f"{self.path}: {self.what} {key!r} declares {size} bytes uncompressed, more than "
                              f"the {limit} it can need; refusing to read it")
 
-    def header(self, key):
-        """``(shape, dtype)`` from member ``key``'s .npy header; its data is not read."""
+    def header(self, key, pickled_note="which is never loaded"):
+        """``(shape, dtype)`` from member ``key``'s .npy header; its data is not read.  An object
+        dtype is refused as in :meth:`read`, with the same ``pickled_note``."""
         with self._open(key) as (f, info, where):
-            shape, fortran, dtype = self._header(f, info, where, "which is never loaded")
+            shape, fortran, dtype = self._header(f, info, where, pickled_note)
         return shape, dtype
 
     def read(self, key, limit, pickled_note="which is never loaded"):

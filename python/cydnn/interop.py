@@ -83,6 +83,10 @@ def _limit(shape):
 
 
 # ---------------------------------------------------------------- readers
+#: How an object-dtype member is refused (by its .npy header, before anything is read).
+_OBJECT_NOTE = "an object array, which is never loaded; save numeric arrays"
+
+
 # Each reader returns {name: array, or None for a name the model does not have (never read)}
 # plus a list of problems found from headers alone (a shape that does not fit, read no further).
 def _read_npz(path, expected):
@@ -98,13 +102,12 @@ def _read_npz(path, expected):
             if name not in expected:
                 arrays[name] = None
                 continue
-            shape, _ = npz.header(name)
+            shape, _ = npz.header(name, _OBJECT_NOTE)
             if shape != expected[name]:
                 problems.append(f"parameter {name!r}: expected shape {expected[name]}, got {shape}")
                 arrays[name] = None         # present (not missing), not read
                 continue
-            arrays[name] = npz.read(name, _limit(expected[name]),
-                                    "an object array, which is never loaded; save numeric arrays")
+            arrays[name] = npz.read(name, _limit(expected[name]), _OBJECT_NOTE)
     return arrays, problems
 
 

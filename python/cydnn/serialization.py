@@ -254,7 +254,7 @@ def _load(entries, path, device, models):
     for name in names:
         if name in expected:
             entries.npz.check_size(PARAM_PREFIX + name, _NPY_HEADER_ROOM + entries.limits[PARAM_PREFIX + name])
-    shapes = {name: entries.npz.header(PARAM_PREFIX + name)[0] for name in names if name in expected}
+    shapes = {name: entries.npz.header(PARAM_PREFIX + name, _PICKLED)[0] for name in names if name in expected}
     wrong = sorted(f"{n}: expected {expected[n]}, got {shapes[n]}" for n in shapes if shapes[n] != expected[n])
     if missing or extra or wrong:
         parts = ([f"missing parameters {missing}"] if missing else []) + \

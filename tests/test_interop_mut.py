@@ -117,10 +117,12 @@ def test_not_strict_reads_past_an_unexpected_name(tmp_path):
     dst = cydnn.load_pytorch_weights(net(4), p, strict=False)
     np.testing.assert_array_equal(dst[0].weight.data, src[0].weight.data)
     np.testing.assert_array_equal(dst[1].running_var, src[1].running_var)
+    src = models.LeNet5(seed=3)                                      # names that sort after "aaa"
     folder = cydnn.export_weights(src, tmp_path / "f", format="bin")
-    (tmp_path / "f" / "aaa.bin").write_bytes(b"\0" * 4)          # sorted first
-    dst = cydnn.load_pytorch_weights(net(4), folder, strict=False)
-    np.testing.assert_array_equal(dst[0].weight.data, src[0].weight.data)
+    (tmp_path / "f" / "aaa.bin").write_bytes(b"\0" * 4)
+    assert sorted(os.listdir(folder))[0] == "aaa.bin"
+    dst = cydnn.load_pytorch_weights(models.LeNet5(seed=4), folder, strict=False)
+    np.testing.assert_array_equal(dst.fc3.bias.data, src.fc3.bias.data)
 
 
 # ------------------------------------------------------------------------ .npz
@@ -150,6 +152,14 @@ def test_npz_object_member(tmp_path):
     p = write_npz(tmp_path / "w.npz", s)
     assert refused(net(), p) == (f"{p}: parameter '0.bias' holds pickled Python objects, an object array, "
                                  f"which is never loaded; save numeric arrays")
+
+
+def test_npz_member_wider_than_float64_is_refused_unread(tmp_path):
+    s = state_of(net())
+    s["0.bias"] = np.array([b"123456789", b"x"], "S9")             # 9 bytes an item: past 8 (float64)
+    p = write_npz(tmp_path / "w.npz", s)
+    assert refused(net(), p) == (f"{p}: parameter '0.bias': the .npy header declares shape (2,) of |S9 = 18 bytes, "
+                                 f"more than the 16 it may hold; refusing to allocate it")
 
 
 # ------------------------------------------------------------------------ .safetensors

@@ -283,14 +283,18 @@ def test_save_records_version_utc_time_and_a_plain_mode(tmp_path):
 
 
 def test_version_from_the_installed_distribution(tmp_path, monkeypatch):
-    monkeypatch.delattr(cydnn, "__version__")
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "9.8.7" if name == "cydnn" else real(name))
+    # The package's own __version__ first (the installed metadata may be of another copy) ...
+    assert serialization.load_metadata(cydnn.save(models.LeNet5(), tmp_path / "o.npz"))["cydnn_version"] == \
+        cydnn.__version__ != "9.8.7"
+    # ... the distribution's without it ...
+    monkeypatch.delattr(cydnn, "__version__")
     assert serialization.load_metadata(cydnn.save(models.LeNet5(), tmp_path / "a.npz"))["cydnn_version"] == "9.8.7"
 
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)          # ... else None
     assert serialization.load_metadata(cydnn.save(models.LeNet5(), tmp_path / "b.npz"))["cydnn_version"] is None
 
 

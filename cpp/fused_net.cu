@@ -75,11 +75,12 @@ __device__ __forceinline__ void share(long items, int rank, int ranks, long &lo,
 // where they fit, transposed to [c * kh * kw][channel] so that a thread's TCO weights of one tap
 // are one float4 (the same for the lanes of a warp: a broadcast); else they come through the
 // read-only cache in their (k, c, kh, kw) layout.
-template <int TCO, int TP>
+// KS > 0: a KS x KS kernel known at compile time (the tap loops unroll); 0: any, read from the table.
+template <int TCO, int TP, int KS>
 __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
-    const int KH = L.kh, KW = L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
     const int cog = (K + TCO - 1) / TCO, pxg = (OW + TP - 1) / TP;
     const long row_items = (long)OH * pxg;
     long lo, hi;
@@ -112,11 +113,13 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
         const float *wt = wbuf + (co0 - c_lo);                 // staged: tap t's weights at wt[t * cs]
         for (int ci = 0; ci < C; ++ci) {
             const float *plane = in + ci * H * W;
+#pragma unroll
             for (int ky = 0; ky < KH; ++ky) {
                 const int iy = oy * SH - PH + ky;
                 if (iy < 0 || iy >= H) continue;
                 const float *row = plane + iy * W;
                 const int tap0 = (ci * KH + ky) * KW;
+#pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {
                     float xv[TP];
 #pragma unroll
@@ -158,21 +161,69 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
     }
 }
 
-// Linear: a warp per output feature, the lanes split the inputs (a coalesced
-// row of the weight), a warp reduction.
+template <int TCO, int TP>
+__device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_layer<TCO, TP, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 5) conv_layer<TCO, TP, 5>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 1) conv_layer<TCO, TP, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_layer<TCO, TP, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+__device__ void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                              int rank, int ranks, float *wbuf, long wcap) {
+    if (L.tile == 3) conv_sized<4, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 2) conv_sized<4, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 1) conv_sized<1, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_sized<1, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+// Linear: a warp takes ROWS output features at once, the lanes split the inputs (coalesced rows
+// of the weight, float4 where every row starts on 16 bytes), a warp reduction per row: many
+// loads in flight, which a one-image forward needs (it reads each weight once: latency-bound).
+constexpr int ROWS = 4;
+
 __device__ void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                              int rank, int ranks) {
     const int IN = L.c, OUT = L.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     long lo, hi;
     share(OUT, rank, ranks, lo, hi);
-    for (long o = lo + warp; o < hi; o += warps) {
-        const float *wr = L.weight + o * IN;
-        float acc = 0.0f;
+    const bool vec = IN % 4 == 0 && (reinterpret_cast<uintptr_t>(L.weight) & 15) == 0;
+    for (long o0 = lo + (long)warp * ROWS; o0 < hi; o0 += (long)warps * ROWS) {
+        float acc[ROWS];
+        const float *wr[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            acc[r] = 0.0f;
+            wr[r] = L.weight + (o0 + r < hi ? o0 + r : o0) * IN;      // a row past the share: read, not stored
+        }
+        if (vec) {
+            const float4 *x4 = reinterpret_cast<const float4 *>(in);
+#pragma unroll 2
+            for (int i = lane; i < IN / 4; i += 32) {
+                const float4 x = x4[i];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const float4 w = __ldg(reinterpret_cast<const float4 *>(wr[r]) + i);
+                    acc[r] = fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, fmaf(w.w, x.w, acc[r]))));
+                }
+            }
+        } else {
 #pragma unroll 4
-        for (int i = lane; i < IN; i += 32) acc = fmaf(__ldg(wr + i), in[i], acc);
-        for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane < ranks) cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc, (int)o);
+            for (int i = lane; i < IN; i += 32) {
+                const float x = in[i];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(__ldg(wr[r] + i), x, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+            const long o = o0 + r;
+            if (o < hi && lane < ranks) cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc[r], (int)o);
+        }
     }
 }
 
@@ -253,10 +304,7 @@ __global__ void __launch_bounds__(kNetThreads)
         const cydnnNetLayer &L = net.layers[l];
         switch (L.op) {
             case CYDNN_NET_CONV:
-                if (L.tile == 3) conv_layer<4, 4>(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
-                else if (L.tile == 2) conv_layer<4, 1>(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
-                else if (L.tile == 1) conv_layer<1, 4>(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
-                else conv_layer<1, 1>(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
+                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
                 break;
             case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
             case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;

@@ -123,9 +123,11 @@ def test_fused_network_gives_the_reference_outputs(name, softmax):
 
 
 @gpu
+@pytest.mark.parametrize("name", ["cnn32", "odd", "cnn_bn", "mlp"])
 @pytest.mark.parametrize("cluster", fused_net.CLUSTERS)
-def test_every_cluster_size_gives_the_same_outputs(cluster):
-    make, shape = CASES["cnn32"]
+def test_every_cluster_size_gives_the_reference_outputs(cluster, name):
+    """Also the sanitizers' case (tools/sanitize.sh): every layer kind at every cluster size, 5 images."""
+    make, shape = CASES[name]
     model = make().to("cuda").eval()
     nodes = trace(model, shape, 1)
     net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 16)

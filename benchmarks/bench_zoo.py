@@ -234,6 +234,9 @@ def inference(name, have_torch):
     for _ in range(3):
         infer(many)
     res["cydnn_10k_img_s"] = 30000 / (time.perf_counter() - t0)
+    fused = infer.info()["fused_net"]
+    res["backend"] = {b: ("plan" if c is None else f"fused/{c}") for b, c in fused["clusters"].items()}
+    res["fused_reason"], res["fused_timed_us"] = fused["reason"], fused["timed_us"]
     if have_torch:
         tm = torch_twin(model).eval()
 
@@ -256,6 +259,7 @@ def main():
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
+    p.add_argument("--infer-only", action="store_true", help="only the inference figures")
     args = p.parse_args()
     cydnn.cuda.check_device(0)
     import torch
@@ -266,7 +270,7 @@ def main():
     out = {}
     for name in args.models.split(","):
         r = out[name] = {"train": {}}
-        for b in (int(s) for s in args.batches.split(",")):
+        for b in ([] if args.infer_only else (int(s) for s in args.batches.split(","))):
             torch.cuda.reset_peak_memory_stats()
             cydnn.cuda.reset_peak_memory_stats()
             comp, compile_s, info = cydnn_train(name, b, args.steps, args.repeats, True)
@@ -283,9 +287,13 @@ def main():
                   f"{r['train'][b]['kernels']} kernels, compile {compile_s:.2f} s)", flush=True)
         r["infer"] = inference(name, True)
         i = r["infer"]
+        print(f"{name:22s} timed (us) {i['fused_timed_us']}", flush=True)
         print(f"{name:22s} infer 1 img p50 {i['cydnn_1_p50_us']:6.1f} us (p99 {i['cydnn_1_p99_us']:6.1f}) torch "
               f"{i['torch_1_p50_us']:6.1f}; 10k: {i['cydnn_10k_img_s']:,.0f} img/s vs torch "
-              f"{i['torch_10k_img_s']:,.0f}; compile {i['compile_s']:.2f} s", flush=True)
+              f"{i['torch_10k_img_s']:,.0f}; compile {i['compile_s']:.2f} s; backend by bucket {i['backend']}"
+              + (f" ({i['fused_reason']})" if i["fused_reason"] else ""), flush=True)
+        if args.infer_only:
+            continue
         r["logits_maxdiff"], r["params_maxdiff_20_steps"] = agreement(name)
         print(f"{name:22s} max |logits diff| {r['logits_maxdiff']:.2e}, max |param diff| after 20 steps "
               f"{r['params_maxdiff_20_steps']:.2e}", flush=True)

@@ -489,6 +489,48 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
                                  uint32_t threshold, float scale, uint64_t seed,
                                  const cydnnStepCounters *counters);
 
+/* ======================================================= the fused network
+ * A whole network's inference forward in one launch (fused_net.cu): the layers
+ * of a table, one image's activations in shared memory, one thread-block
+ * cluster of `cluster` (1, 2, 4, 8) blocks per image.  Each layer reads the
+ * previous one's output, (c, h, w) flattened, and ends with an epilogue: + bias
+ * (if not NULL), then epi[0..num_epi) in order: CYDNN_NET_EPI_BN (eval-mode
+ * batch norm: (v - mean) / sqrt(var + eps) * weight + bias, per channel) or
+ * CYDNN_NET_EPI_ACT (act with slope).  Conv: weight (k, c, kh, kw); linear:
+ * weight (k, c) with h = w = 1; pools: window kh x kw, stride, padding, max
+ * ignoring padding and NaN, average counting padding; global average pool:
+ * (c, h, w) -> c; epilogue: the epilogue alone.  tile: a convolution's work
+ * per thread, 0: 1 channel x 1 pixel, 1: 1 x 4, 2: 4 x 1, 3: 4 x 4.  A block stages the weights
+ * of the output channels it computes in wcap floats of shared memory where they fit. */
+#define CYDNN_NET_MAX_LAYERS 32
+enum { CYDNN_NET_CONV = 0, CYDNN_NET_LINEAR = 1, CYDNN_NET_MAX_POOL = 2, CYDNN_NET_AVG_POOL = 3,
+       CYDNN_NET_GLOBAL_AVG_POOL = 4, CYDNN_NET_EPILOGUE = 5 };
+enum { CYDNN_NET_EPI_ACT = 0, CYDNN_NET_EPI_BN = 1 };
+typedef struct {
+    int op, tile;
+    int c, h, w;                   /* input */
+    int k, oh, ow;                 /* output channels (conv) / features (linear), output plane */
+    int kh, kw, sh, sw, ph, pw;
+    const float *weight, *bias;
+    int num_epi, epi[3];
+    int act;
+    float slope;
+    const float *bn_mean, *bn_var, *bn_weight, *bn_bias;
+    float bn_eps;
+} cydnnNetLayer;
+typedef struct {
+    int num_layers, softmax;       /* softmax over the last layer's outputs */
+    long in_size, out_size;        /* per image */
+    long wcap;                     /* floats of shared memory for a convolution's weights (0: none) */
+    cydnnNetLayer layers[CYDNN_NET_MAX_LAYERS];
+} cydnnNet;
+/* Validates the table (shapes chain, windows fit, pointers present) and gives the
+ * shared memory a block needs (two buffers of the widest activation). */
+cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes);
+/* y (n, out_size) = the network on x (n, in_size), device pointers, on the library's stream. */
+cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                      int cluster);
+
 #ifdef __cplusplus
 }
 #endif

@@ -222,34 +222,41 @@ def _reference_steps(model, opt, batches):
                          ids=["sgd", "adam", "adamw"])
 def test_compiled_step_matches_the_reference_for_20_steps(name, make_opt, deterministic):
     """Same initial weights, same batches, 20 steps: the compiled path stays within ten times the distance the
-    per-op path travels from itself when each batch comes with its rows in another order (the same
-    mathematics, other float32 summation orders in every reduction over the batch: the loss, batch norm,
-    the weight and bias gradients).  That is the per-op path's tolerance against itself: the fused
-    epilogues also sum in other orders, and the training dynamics -- momentum, Adam's normalisation, batch
-    norm -- carry any rounding difference on.  Both run cuDNN's deterministic algorithms: the default
-    backward-filter algorithms add with atomics, so two per-op runs of the same batches differ from run to
-    run by more than the compiled path differs from either (seen on the H100: the test flaked on changing
-    networks).  The one-step test below checks each step's exactness.  A bias followed by batch norm has a gradient that is
-    rounding noise (the norm removes per-channel constants) and is left out of the comparison."""
+    per-op path travels from itself under two perturbations that change only float32 rounding, whichever is
+    larger at each step: (a) each batch with its rows in another order (other summation orders in every
+    reduction over the batch: the loss, batch norm, the weight and bias gradients); (b) the initial weights
+    moved by one ulp (every activation rounds differently -- what a convolution or GEMM kernel that sums in
+    another order does, and the executor picks cuDNN or its direct kernel per convolution by timing, so the
+    compiled path's kernels vary from run to run).  That is the per-op path's tolerance against itself: the
+    training dynamics -- momentum, Adam's normalisation, batch norm -- carry any rounding difference on.  With
+    (a) alone the test failed once in about 30 device runs (LeNet 16/32 with SGD: 1e-4 against a 5e-6
+    bound at step 15, with the direct kernel chosen).  Both run cuDNN's deterministic algorithms: the
+    default backward-filter algorithms add with atomics, so two per-op runs of the same batches differ from
+    run to run by more than the compiled path differs from either.  The one-step test below checks each
+    step's exactness.  A bias followed by batch norm has a gradient that is rounding noise (the norm
+    removes per-channel constants) and is left out of the comparison."""
     make, shape = ZOO[name]
     batches = _batches(shape)
     ref, ref_losses = _reference_run(make, make_opt, batches)
     order = np.random.default_rng(5).permutation(64)
-    nudged, nudged_losses = _reference_run(make, make_opt, [(x[order], y[order]) for x, y in batches])
+    shuffled, shuffled_losses = _reference_run(make, make_opt, [(x[order], y[order]) for x, y in batches])
+    nudged, nudged_losses = _reference_run(make, make_opt, batches, nudge=True)
     model = make().to("cuda")
     step = cydnn.compile(model, make_opt(model.parameters()), batch_size=64)
     losses = [float(step(x, y)) for x, y in batches]
     assert step.info()["mode"] == "graph", step.info()
-    self_loss = np.maximum.accumulate(np.abs(np.subtract(nudged_losses, ref_losses)))   # the distance so far
+    self_loss = np.maximum.accumulate(np.maximum(np.abs(np.subtract(shuffled_losses, ref_losses)),
+                                                 np.abs(np.subtract(nudged_losses, ref_losses))))
     assert np.all(np.abs(np.subtract(losses, ref_losses)) <= 10 * self_loss + 2e-5 * np.abs(ref_losses)), \
         (losses, ref_losses, self_loss)
     before_norm = _biases_before_norm(model)
-    for (n, a), (_, b), (_, c) in zip(model.named_parameters(), ref.named_parameters(), nudged.named_parameters()):
+    for (n, a), (_, b), (_, c), (_, d) in zip(model.named_parameters(), ref.named_parameters(),
+                                              shuffled.named_parameters(), nudged.named_parameters()):
         assert a.grad is not None
         if n in before_norm:
             continue
-        got, want, near = a.data.numpy(), b.data.numpy(), c.data.numpy()
-        self_diff = np.abs(near - want).max()
+        got, want = a.data.numpy(), b.data.numpy()
+        self_diff = max(np.abs(c.data.numpy() - want).max(), np.abs(d.data.numpy() - want).max())
         assert np.abs(got - want).max() <= 10 * self_diff + 1e-6, (n, np.abs(got - want).max(), self_diff)
 
 
@@ -260,8 +267,12 @@ def deterministic():
     cydnn.cuda.set_deterministic(False)
 
 
-def _reference_run(make, make_opt, batches):
-    model = make().to("cuda")
+def _reference_run(make, make_opt, batches, nudge=False):
+    model = make()
+    if nudge:                                   # every weight one ulp up, on the host before the upload
+        for p in model.parameters():
+            p.data = np.nextafter(p.data, np.float32(np.inf))
+    model = model.to("cuda")
     return model, _reference_steps(model, make_opt(model.parameters()), batches)
 
 

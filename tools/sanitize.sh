@@ -6,7 +6,7 @@
 # A subset that covers every kernel and every cuDNN / cuBLAS path (one case per
 # op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
 # training step, graph capture and replay, the numpy predictor), the fused MLP,
-# and fp16.
+# the fused network (every layer kind, every cluster size) and fp16.
 # A third run (skip it with SANITIZE_PROPERTIES=0) takes the GPU property tests of
 # tests/test_properties_layouts.py (conv, pooling, linear, softmax, activations on random odd
 # shapes, strides, paddings and memory layouts: where an out-of-bounds index would show; 3
@@ -48,6 +48,10 @@ for tool in $TOOLS; do
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_compiler.py tests/test_layers_norm_gpu.py \
       -k "$COMPILER" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
+  # The fused network (fused_net.cu): every layer kind at every cluster size.
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_fused_net.py -k "every_cluster" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   rc3=0
   if [ "${SANITIZE_PROPERTIES:-1}" != 0 ]; then

@@ -275,3 +275,42 @@ cdef extern from "cydnn.h" nogil:
                                         size_t per_out, float *w_out, float *b_out)
     cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                             const float *w, const float *b, float *y, int act, float slope)
+
+
+# ------------------------------------------------ the fused network (fused_net.cu)
+cdef extern from "cydnn.h" nogil:
+    enum: CYDNN_NET_MAX_LAYERS
+    enum:
+        CYDNN_NET_CONV
+        CYDNN_NET_LINEAR
+        CYDNN_NET_MAX_POOL
+        CYDNN_NET_AVG_POOL
+        CYDNN_NET_GLOBAL_AVG_POOL
+        CYDNN_NET_EPILOGUE
+    enum:
+        CYDNN_NET_EPI_ACT
+        CYDNN_NET_EPI_BN
+    ctypedef struct cydnnNetLayer:
+        int op, tile
+        int c, h, w
+        int k, oh, ow
+        int kh, kw, sh, sw, ph, pw
+        const float *weight
+        const float *bias
+        int num_epi
+        int epi[3]
+        int act
+        float slope
+        const float *bn_mean
+        const float *bn_var
+        const float *bn_weight
+        const float *bn_bias
+        float bn_eps
+    ctypedef struct cydnnNet:
+        int num_layers, softmax
+        long in_size, out_size
+        long wcap
+        cydnnNetLayer layers[32]
+    cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes)
+    cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n,
+                                          float *y, int cluster)

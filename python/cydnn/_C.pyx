@@ -388,3 +388,4 @@ cdef class DeviceArray:
 include "_ops.pxi"
 include "_fast.pxi"
 include "_compiled.pxi"
+include "_fused_net.pxi"

@@ -31,7 +31,8 @@ __all__ = ["compile", "CompiledStep", "CompiledInference", "Plan", "Unsupported"
 
 
 def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn=None, softmax=False,
-            preprocess=None, cuda_graph=True, fused=True, fuse=True, memory=True, weak_model=False):
+            preprocess=None, cuda_graph=True, fused=True, fuse=True, memory=True, weak_model=False,
+            fused_net=None):
     """A compiled training step (with ``optimizer``) or a compiled inference (with ``input_shape``).
 
     Training: ``compile(model, optimizer, batch_size=64)`` -> :class:`CompiledStep`
@@ -42,12 +43,17 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     does not take raises :class:`Unsupported` for inference, and runs the reference loop
     (``info()["reason"]`` says why) for training.  ``preprocess=(mean, std, pad)``: inference takes
     raw images (uint8, or floats in [0, 1]) and normalises them; ``weak_model=True``: the result
-    refers to the model weakly (for a model that caches it, as ``predict`` does).
+    refers to the model weakly (for a model that caches it, as ``predict`` does).  ``fused_net``
+    (inference): ``"auto"`` (default, or ``$CYDNN_FUSED_NET``) runs a batch on the whole-network kernel
+    (compiler/fused_net.py) where it measures faster than the plan, ``"force"`` wherever it takes the
+    network, ``"off"`` never.
     """
     options = {"fuse": bool(fuse), "memory": bool(memory)}
     if optimizer is not None:
         if batch_size is None:
             raise ValueError("compile: a training step needs batch_size")
+        if fused_net is not None:
+            raise ValueError("compile: fused_net is for inference (the fused network has no backward)")
         return CompiledStep(model, optimizer, batch_size, loss_fn=loss_fn, input_shape=input_shape,
                             cuda_graph=cuda_graph, fused=fused, **options)
     if input_shape is None:
@@ -55,4 +61,4 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     if batch_size is not None or loss_fn is not None:
         raise ValueError("compile: batch_size and loss_fn are for training steps (pass an optimizer)")
     return CompiledInference(model, input_shape, softmax=softmax, cuda_graph=cuda_graph, fused=fused,
-                             preprocess=preprocess, weak_model=weak_model, **options)
+                             preprocess=preprocess, weak_model=weak_model, fused_net=fused_net, **options)

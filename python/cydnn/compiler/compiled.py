@@ -8,6 +8,7 @@ self-test leaves the plan running step by step, with the reason in ``info()`` an
 arrays the plan was bound to (identity compares) and re-plans when it does not.
 """
 import logging
+import os
 import threading
 import weakref
 
@@ -16,7 +17,7 @@ import numpy as np
 from .. import _C, nn
 from ..nn.module import structure_version
 from ..loop import reference_epoch
-from . import lenet
+from . import fused_net, lenet
 from .executor import Bound
 from .lower import lower_inference, lower_training
 from .passes import fuse, plan_memory
@@ -490,8 +491,12 @@ class CompiledInference:
         self.out_shape = nodes[-1].out_shape[1:]
         self.reason = "" if model.device == "cuda" else f"the model is on {model.device!r}"
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
-        self._runners, self._sig, self._lenet = {}, None, None
+        self._runners, self._sig, self._lenet, self._fused = {}, None, None, None
         self.lenet_reason = None
+        mode = options.pop("fused_net", None) or os.environ.get("CYDNN_FUSED_NET", "auto")
+        if mode not in ("auto", "force", "off"):
+            raise ValueError(f"compile: fused_net must be 'auto', 'force' or 'off', got {mode!r}")
+        self.fused_net_mode = mode if fused else "off"
         self._lock = threading.Lock()
 
     @property
@@ -509,10 +514,12 @@ class CompiledInference:
 
     def _fresh(self):
         if self._sig is None or not self._sig.fresh():
-            self._runners, self._lenet, self._sig = {}, None, None
-            trace(self.model, self.input_shape, 1)        # Unsupported if a layer changed into one it can't take
+            self._runners, self._lenet, self._sig, self._fused = {}, None, None, None
+            nodes = trace(self.model, self.input_shape, 1)   # Unsupported if a layer changed into one it can't take
             self._sig = signature(self.model)
             self._plan_lenet()
+            if not self.reason:                               # the model is on the GPU
+                self._fused = fused_net.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1])
 
     def unsupported_reason(self):
         """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
@@ -569,6 +576,14 @@ class CompiledInference:
         for start in range(0, n, step):
             chunk = x[start:start + step]
             m = chunk.shape[0]
+            bucket = next(b for b in BUCKETS if b >= m)
+            cluster = self._fused.cluster(bucket) if self._fused is not None else None
+            if cluster not in (None, "?"):           # the fused network, chosen for this bucket
+                if device_in:
+                    self._fused.net.forward(chunk, out[start:start + m], m, cluster)
+                else:
+                    out[start:start + m] = self._fused.net.run_host(chunk, cluster)
+                continue
             bucket, runner = self._runner(m)
             arrays = runner.bound.arrays
             dst = arrays["x"] if m == bucket else arrays["x"][:m]
@@ -580,6 +595,17 @@ class CompiledInference:
                 runner.prepare(compare=(runner.plan.output,))
                 if not runner.use_graph and self.mode == "graph":
                     self.mode, self.reason = "steps", runner.reason
+            if cluster == "?":
+                cluster = self._fused.choose(bucket, m, arrays["x"], runner.launch,
+                                             lambda: arrays[runner.plan.output], log)
+                if cluster is not None:
+                    self._fused.net.forward(arrays["x"], self._fused.net._dy, m, cluster)
+                    result = self._fused.net._dy[:m * self._fused.net.out_size].reshape((m,) + self.out_shape)
+                    if device_in:
+                        _C.copy_into(out[start:start + m], result)
+                    else:
+                        out[start:start + m] = result.numpy()
+                    continue
             runner.launch()
             result = arrays[runner.plan.output]
             result = result if m == bucket else result[:m]
@@ -608,6 +634,10 @@ class CompiledInference:
     def explain(self, batch=1):
         self._fresh()
         text = self.plan(batch).explain()
+        fused = self._fused
+        if fused is not None and fused.net is not None and fused.clusters.get(batch) not in (None, "?"):
+            text = (f"batches of {batch} run the fused network (cluster {fused.clusters[batch]}, timed "
+                    f"{fused.timed_us[batch]} us):\n{fused.net.explain()}\nthe plan it was timed against:\n" + text)
         if self._lenet is not None:
             text = ("numpy images run on the fused LeNet-5 kernel (one launch: preprocessing, both convolutions "
                     "with bias, activation and pooling, fc1-fc3, softmax); DeviceArray inputs run this plan:\n"
@@ -615,6 +645,9 @@ class CompiledInference:
         return text
 
     def info(self):
+        fused = self._fused
         return {"mode": self.mode, "reason": self.reason, "lenet": self.lenet_reason or "fused kernel",
+                "fused_net": (None if fused is None else
+                              {"reason": fused.reason, "clusters": dict(fused.clusters), "timed_us": fused.timed_us}),
                 "buckets": {b: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
                             for b, r in self._runners.items()}}

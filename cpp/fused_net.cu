@@ -1,0 +1,431 @@
+// fused_net.cu -- a whole network's inference forward in one launch, for any
+// layer list the compiler hands over (python/cydnn/compiler/fused_net.py).
+//
+// The LeNet-5 kernels (fused_lenet*.cu) are written for one shape.  This one
+// reads its layers from a table (cydnnNet, passed by value as a
+// __grid_constant__ parameter): convolution, linear, max/average pooling,
+// global average pooling, and an "epilogue only" layer, each followed by an
+// epilogue of up to three of bias / batch norm (running statistics) /
+// activation.  The activations of one image stay in shared memory (two
+// buffers, ping-pong) from the input to the logits.
+//
+// One image is the work of one thread-block *cluster* of 1-8 blocks on as many
+// SMs (sm_90): every block computes a slice of each layer's outputs and
+// stores each value into the shared memory of every block of the cluster
+// (distributed shared memory), so that after one cluster barrier every block
+// holds the whole activation for the next layer.  Few images: a cluster of 8
+// per image cuts the latency of a one-image call; many images: clusters of 1,
+// one image per SM, for throughput.  The host picks (cydnn_fused_net_forward's
+// `cluster`); the planner measures.
+//
+// Same formulas as the per-op path (conv_forward + bias + activation,
+// max/avg pooling with PyTorch's rules, batch norm in eval mode); only the
+// summation order differs.
+#include <cooperative_groups.h>
+
+#include "common.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kNetThreads = 512;
+constexpr const char *kOp = "fused_net_forward";
+
+__device__ __forceinline__ float activate(float v, int act, float slope) {
+    switch (act) {
+        case CYDNN_ACT_RELU: return fmaxf(v, 0.0f);
+        case CYDNN_ACT_TANH: return tanhf(v);
+        case CYDNN_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+        case CYDNN_ACT_LEAKY: return v > 0.0f ? v : v * slope;
+        default: return v;
+    }
+}
+
+// The layer's epilogue on output value v of channel c: bias, then the listed
+// steps in order (batch norm with the running statistics, or the activation).
+__device__ __forceinline__ float epilogue(const cydnnNetLayer &L, float v, int c) {
+    if (L.bias != nullptr) v += __ldg(L.bias + c);
+    for (int s = 0; s < L.num_epi; ++s) {
+        if (L.epi[s] == CYDNN_NET_EPI_BN) {
+            const float inv = rsqrtf(__ldg(L.bn_var + c) + L.bn_eps);
+            v = (v - __ldg(L.bn_mean + c)) * inv * __ldg(L.bn_weight + c) + __ldg(L.bn_bias + c);
+        } else {
+            v = activate(v, L.act, L.slope);
+        }
+    }
+    return v;
+}
+
+// Store v at index i of the next activation in every block of the cluster.
+__device__ __forceinline__ void store_all(cg::cluster_group &cluster, float *next, int ranks, long i, float v) {
+    for (int r = 0; r < ranks; ++r) cluster.map_shared_rank(next, r)[i] = v;
+}
+
+// This block's share [lo, hi) of `items` work items.
+__device__ __forceinline__ void share(long items, int rank, int ranks, long &lo, long &hi) {
+    const long per = (items + ranks - 1) / ranks;
+    lo = per * rank;
+    hi = lo + per < items ? lo + per : items;
+}
+
+// Convolution: a thread computes TCO output channels x TP output pixels of one row, the pixels
+// pxg apart (pxg = ceil(OW / TP)), so that the lanes of a warp read neighbouring inputs (no bank
+// conflicts).  The weights of the output channels a block computes are staged in shared memory
+// where they fit, transposed to [c * kh * kw][channel] so that a thread's TCO weights of one tap
+// are one float4 (the same for the lanes of a warp: a broadcast); else they come through the
+// read-only cache in their (k, c, kh, kw) layout.
+// KS > 0: a KS x KS kernel known at compile time (the tap loops unroll); 0: any, read from the table.
+template <int TCO, int TP, int KS>
+__device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int cog = (K + TCO - 1) / TCO, pxg = (OW + TP - 1) / TP;
+    const long row_items = (long)OH * pxg;
+    long lo, hi;
+    share((long)cog * row_items, rank, ranks, lo, hi);
+    if (hi <= lo) return;
+    const int ksize = C * KH * KW;
+    const int c_lo = (int)(lo / row_items) * TCO;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * TCO;
+    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
+    const int cs = (c_span + 3) / 4 * 4;                   // the staged row: a multiple of 4 channels
+    const bool staged = (long)cs * ksize <= wcap;
+    if (staged) {
+        const float *g = L.weight + (long)c_lo * ksize;
+        for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
+            const int co = i / ksize;
+            wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
+        }
+        __syncthreads();
+    }
+    for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
+        const int g = (int)(it / row_items);
+        const int rest = (int)(it - g * row_items);
+        const int oy = rest / pxg, j = rest - oy * pxg;
+        float acc[TCO][TP];
+#pragma unroll
+        for (int a = 0; a < TCO; ++a)
+#pragma unroll
+            for (int p = 0; p < TP; ++p) acc[a][p] = 0.0f;
+        const int co0 = g * TCO;
+        const float *wt = wbuf + (co0 - c_lo);                 // staged: tap t's weights at wt[t * cs]
+        for (int ci = 0; ci < C; ++ci) {
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {
+                const int iy = oy * SH - PH + ky;
+                if (iy < 0 || iy >= H) continue;
+                const float *row = plane + iy * W;
+                const int tap0 = (ci * KH + ky) * KW;
+#pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {
+                    float xv[TP];
+#pragma unroll
+                    for (int p = 0; p < TP; ++p) {
+                        const int ix = (j + p * pxg) * SW - PW + kx;
+                        xv[p] = (ix >= 0 && ix < W) ? row[ix] : 0.0f;
+                    }
+                    float wv[TCO];
+                    if (staged && TCO == 4) {
+                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
+                        wv[0] = w4.x;
+                        wv[TCO > 1 ? 1 : 0] = w4.y;
+                        wv[TCO > 2 ? 2 : 0] = w4.z;
+                        wv[TCO > 3 ? 3 : 0] = w4.w;
+                    } else {
+#pragma unroll
+                        for (int a = 0; a < TCO; ++a)
+                            wv[a] = staged ? wt[(tap0 + kx) * cs + a]
+                                           : (co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx)
+                                                          : 0.0f);
+                    }
+#pragma unroll
+                    for (int a = 0; a < TCO; ++a)
+#pragma unroll
+                        for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], xv[p], acc[a][p]);
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < TCO; ++a) {
+            const int co = co0 + a;
+            if (co >= K) break;
+#pragma unroll
+            for (int p = 0; p < TP; ++p) {
+                const int ox = j + p * pxg;
+                if (ox < OW) store_all(cluster, next, ranks, ((long)co * OH + oy) * OW + ox, epilogue(L, acc[a][p], co));
+            }
+        }
+    }
+}
+
+template <int TCO, int TP>
+__device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_layer<TCO, TP, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 5) conv_layer<TCO, TP, 5>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 1) conv_layer<TCO, TP, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_layer<TCO, TP, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+__device__ void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                              int rank, int ranks, float *wbuf, long wcap) {
+    if (L.tile == 3) conv_sized<4, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 2) conv_sized<4, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 1) conv_sized<1, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_sized<1, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+// Linear: a warp takes ROWS output features at once, the lanes split the inputs (coalesced rows
+// of the weight, float4 where every row starts on 16 bytes), a warp reduction per row: many
+// loads in flight, which a one-image forward needs (it reads each weight once: latency-bound).
+constexpr int ROWS = 4;
+
+__device__ void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                             int rank, int ranks) {
+    const int IN = L.c, OUT = L.k;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    long lo, hi;
+    share(OUT, rank, ranks, lo, hi);
+    const bool vec = IN % 4 == 0 && (reinterpret_cast<uintptr_t>(L.weight) & 15) == 0;
+    for (long o0 = lo + (long)warp * ROWS; o0 < hi; o0 += (long)warps * ROWS) {
+        float acc[ROWS];
+        const float *wr[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            acc[r] = 0.0f;
+            wr[r] = L.weight + (o0 + r < hi ? o0 + r : o0) * IN;      // a row past the share: read, not stored
+        }
+        if (vec) {
+            const float4 *x4 = reinterpret_cast<const float4 *>(in);
+#pragma unroll 2
+            for (int i = lane; i < IN / 4; i += 32) {
+                const float4 x = x4[i];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) {
+                    const float4 w = __ldg(reinterpret_cast<const float4 *>(wr[r]) + i);
+                    acc[r] = fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, fmaf(w.w, x.w, acc[r]))));
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int i = lane; i < IN; i += 32) {
+                const float x = in[i];
+#pragma unroll
+                for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(__ldg(wr[r] + i), x, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+            const long o = o0 + r;
+            if (o < hi && lane < ranks) cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc[r], (int)o);
+        }
+    }
+}
+
+// Max or average pooling with PyTorch's rules: max ignores padding and NaN
+// (strictly greater wins, from -inf); average divides by kh*kw, padding
+// counted as zeros (count_include_pad).  Global average pooling is the
+// average over the whole plane.
+__device__ void pool_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, bool is_max) {
+    const int H = L.h, W = L.w, OH = L.oh, OW = L.ow;
+    long lo, hi;
+    share((long)L.c * OH * OW, rank, ranks, lo, hi);
+    for (long o = lo + threadIdx.x; o < hi; o += blockDim.x) {
+        const int c = (int)(o / ((long)OH * OW));
+        const int rest = (int)(o - (long)c * OH * OW);
+        const int oy = rest / OW, ox = rest - oy * OW;
+        const float *plane = in + (long)c * H * W;
+        float v = is_max ? -INFINITY : 0.0f;
+        for (int ky = 0; ky < L.kh; ++ky) {
+            const int iy = oy * L.sh - L.ph + ky;
+            if (iy < 0 || iy >= H) continue;
+            for (int kx = 0; kx < L.kw; ++kx) {
+                const int ix = ox * L.sw - L.pw + kx;
+                if (ix < 0 || ix >= W) continue;
+                const float x = plane[(long)iy * W + ix];
+                if (is_max) {
+                    if (x > v) v = x;
+                } else {
+                    v += x;
+                }
+            }
+        }
+        if (!is_max) v /= (float)(L.kh * L.kw);
+        store_all(cluster, next, ranks, o, epilogue(L, v, c));
+    }
+}
+
+// Global average pooling: a warp per channel.
+__device__ void gap_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                          int rank, int ranks) {
+    const int HW = L.h * L.w;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    long lo, hi;
+    share(L.c, rank, ranks, lo, hi);
+    for (long c = lo + warp; c < hi; c += warps) {
+        float acc = 0.0f;
+        for (int i = lane; i < HW; i += 32) acc += in[c * HW + i];
+        for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane < ranks) cluster.map_shared_rank(next, lane)[c] = epilogue(L, acc / (float)HW, (int)c);
+    }
+}
+
+// Epilogue only (an activation or batch norm with nothing before it to ride on).
+__device__ void epilogue_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                               int rank, int ranks) {
+    const long inner = (long)L.h * L.w, total = (long)L.c * inner;
+    long lo, hi;
+    share(total, rank, ranks, lo, hi);
+    for (long i = lo + threadIdx.x; i < hi; i += blockDim.x)
+        store_all(cluster, next, ranks, i, epilogue(L, in[i], (int)(i / inner)));
+}
+
+__global__ void __launch_bounds__(kNetThreads)
+    fused_net_kernel(const __grid_constant__ cydnnNet net, const float *__restrict__ x, int n,
+                     float *__restrict__ y, int buf_floats) {
+    extern __shared__ float smem[];
+    __shared__ float red[32];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int ranks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const long image = blockIdx.x / ranks;
+    if (image >= n) return;   // whole clusters only: every block of a cluster takes this branch alike
+    float *cur = smem, *next = smem + buf_floats, *wbuf = smem + 2L * buf_floats;
+    const long in_size = net.in_size;
+    const float *src = x + image * in_size;
+    for (long i = threadIdx.x; i < in_size; i += blockDim.x) cur[i] = __ldg(src + i);
+    cluster.sync();   // every block has started (its shared memory may be written) and has its input
+    for (int l = 0; l < net.num_layers; ++l) {
+        const cydnnNetLayer &L = net.layers[l];
+        switch (L.op) {
+            case CYDNN_NET_CONV:
+                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
+                break;
+            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
+            case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;
+            case CYDNN_NET_AVG_POOL: pool_layer(L, cur, next, cluster, rank, ranks, false); break;
+            case CYDNN_NET_GLOBAL_AVG_POOL: gap_layer(L, cur, next, cluster, rank, ranks); break;
+            default: epilogue_layer(L, cur, next, cluster, rank, ranks); break;
+        }
+        cluster.sync();   // every block's slice has landed everywhere; nobody reads `cur` any more
+        float *t = cur;
+        cur = next;
+        next = t;
+    }
+    if (rank != 0) return;
+    const long out_size = net.out_size;
+    float *dst = y + image * out_size;
+    if (!net.softmax) {
+        for (long i = threadIdx.x; i < out_size; i += blockDim.x) dst[i] = cur[i];
+        return;
+    }
+    // softmax over the outputs: the maximum, then the sum of exponentials (block reductions)
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    float m = -INFINITY;
+    for (long i = threadIdx.x; i < out_size; i += blockDim.x) m = fmaxf(m, cur[i]);
+    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = -INFINITY;
+    for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float s = 0.0f;
+    for (long i = threadIdx.x; i < out_size; i += blockDim.x) s += expf(cur[i] - m);
+    for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    s = 0.0f;
+    for (int w = 0; w < warps; ++w) s += red[w];
+    for (long i = threadIdx.x; i < out_size; i += blockDim.x) dst[i] = expf(cur[i] - m) / s;
+}
+
+long layer_in(const cydnnNetLayer &L) { return (long)L.c * L.h * L.w; }
+
+long layer_out(const cydnnNetLayer &L) {
+    switch (L.op) {
+        case CYDNN_NET_LINEAR: return L.k;
+        case CYDNN_NET_CONV: return (long)L.k * L.oh * L.ow;
+        case CYDNN_NET_GLOBAL_AVG_POOL: return L.c;
+        case CYDNN_NET_EPILOGUE: return layer_in(L);
+        default: return (long)L.c * L.oh * L.ow;
+    }
+}
+
+}  // namespace
+
+cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
+    const char *op = kOp;
+    CYDNN_REQUIRE(op, net != nullptr && smem_bytes != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, net->num_layers >= 1 && net->num_layers <= CYDNN_NET_MAX_LAYERS,
+                  "num_layers must be in [1, %d], got %d", CYDNN_NET_MAX_LAYERS, net->num_layers);
+    long width = net->in_size, prev = net->in_size;
+    for (int l = 0; l < net->num_layers; ++l) {
+        const cydnnNetLayer &L = net->layers[l];
+        CYDNN_REQUIRE(op, L.op >= CYDNN_NET_CONV && L.op <= CYDNN_NET_EPILOGUE, "layer %d: unknown op %d", l, L.op);
+        CYDNN_REQUIRE(op, L.c >= 1 && L.h >= 1 && L.w >= 1, "layer %d: input (%d, %d, %d) must be positive",
+                      l, L.c, L.h, L.w);
+        CYDNN_REQUIRE(op, layer_in(L) == prev, "layer %d takes %ld values, the layer before gives %ld",
+                      l, layer_in(L), prev);
+        if (L.op == CYDNN_NET_CONV || L.op == CYDNN_NET_LINEAR)
+            CYDNN_REQUIRE(op, L.weight != nullptr && L.k >= 1, "layer %d: no weight or no outputs", l);
+        if (L.op != CYDNN_NET_LINEAR && L.op != CYDNN_NET_GLOBAL_AVG_POOL && L.op != CYDNN_NET_EPILOGUE)
+            CYDNN_REQUIRE(op, L.oh >= 1 && L.ow >= 1 && L.kh >= 1 && L.kw >= 1 && L.sh >= 1 && L.sw >= 1 &&
+                              L.ph >= 0 && L.pw >= 0 && (long)(L.oh - 1) * L.sh - L.ph + L.kh <= L.h + L.ph &&
+                              (long)(L.ow - 1) * L.sw - L.pw + L.kw <= L.w + L.pw,
+                          "layer %d: window %dx%d stride %dx%d padding %dx%d does not give %dx%d from %dx%d",
+                          l, L.kh, L.kw, L.sh, L.sw, L.ph, L.pw, L.oh, L.ow, L.h, L.w);
+        CYDNN_REQUIRE(op, L.num_epi >= 0 && L.num_epi <= 3, "layer %d: %d epilogue steps", l, L.num_epi);
+        for (int s = 0; s < L.num_epi; ++s)
+            if (L.epi[s] == CYDNN_NET_EPI_BN)
+                CYDNN_REQUIRE(op, L.bn_mean && L.bn_var && L.bn_weight && L.bn_bias,
+                              "layer %d: batch norm without its arrays", l);
+        prev = layer_out(L);
+        if (prev > width) width = prev;
+    }
+    CYDNN_REQUIRE(op, prev == net->out_size, "the last layer gives %ld values, out_size is %ld", prev,
+                  (long)net->out_size);
+    CYDNN_REQUIRE(op, net->wcap >= 0, "wcap must be >= 0, got %ld", (long)net->wcap);
+    width = (width + 3) / 4 * 4;          // the weight area after the two buffers is 16-byte aligned
+    *smem_bytes = sizeof(float) * (2 * (size_t)width + (size_t)net->wcap);
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                      int cluster) {
+    const char *op = kOp;
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, n >= 1, "n must be >= 1, got %d", n);
+    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8,
+                  "cluster must be 1, 2, 4 or 8, got %d", cluster);
+    size_t smem = 0;
+    CYDNN_TRY(cydnn_fused_net_check(net, &smem));
+    int dev = 0, limit = 0;
+    CYDNN_CUDA(op, cudaGetDevice(&dev));
+    CYDNN_CUDA(op, cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit,
+                  "the activations need %zu bytes of shared memory, the device has %d per block", smem, limit);
+    CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CYDNN_REQUIRE(op, (long)n * cluster <= 0x7fffffffL, "n = %d images are too many for one launch", n);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(n * cluster));
+    cfg.blockDim = dim3(kNetThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const int buf_floats = (int)((smem / sizeof(float) - net->wcap) / 2);
+    CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, fused_net_kernel, *net, x, n, y, buf_floats));
+    CYDNN_LAUNCH_CHECK(op, "fused_net_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}

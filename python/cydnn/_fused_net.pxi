@@ -1,0 +1,86 @@
+# _fused_net.pxi -- the fused network's table and launches (cpp/fused_net.cu), included by _C.pyx.
+# The compiler (python/cydnn/compiler/fused_net.py) describes the layers; this builds the C table
+# once and keeps the arrays it points into alive.
+
+NET_MAX_LAYERS = CYDNN_NET_MAX_LAYERS
+NET_OPS = {"conv": CYDNN_NET_CONV, "linear": CYDNN_NET_LINEAR, "max_pool": CYDNN_NET_MAX_POOL,
+           "avg_pool": CYDNN_NET_AVG_POOL, "global_avg_pool": CYDNN_NET_GLOBAL_AVG_POOL,
+           "epilogue": CYDNN_NET_EPILOGUE}
+NET_EPI_ACT, NET_EPI_BN = CYDNN_NET_EPI_ACT, CYDNN_NET_EPI_BN
+
+
+cdef class FusedNet:
+    """A network table (cydnnNet) over DeviceArrays, checked once (cydnn_fused_net_check).
+
+    ``layers``: dicts with ``op`` (a key of NET_OPS), ``tile``, the geometry ``c h w k oh ow kh kw sh sw ph
+    pw``, the arrays ``weight bias bn_mean bn_var bn_weight bn_bias`` (DeviceArray or None), ``epi`` (a
+    list of NET_EPI_ACT / NET_EPI_BN), ``act``, ``slope``, ``bn_eps``.  The table holds the arrays' device
+    addresses: whoever changes an array's buffer (not its values) must build a new FusedNet.
+    """
+    cdef cydnnNet net
+    cdef readonly object arrays
+    cdef readonly size_t smem_bytes
+
+    def __init__(self, list layers, long in_size, long out_size, bint softmax=False, long wcap=0):
+        if not 1 <= len(layers) <= CYDNN_NET_MAX_LAYERS:
+            raise ValueError(f"fused_net: 1 to {CYDNN_NET_MAX_LAYERS} layers, got {len(layers)}")
+        memset(&self.net, 0, sizeof(cydnnNet))
+        self.net.num_layers = len(layers)
+        self.net.softmax = softmax
+        self.net.in_size, self.net.out_size = in_size, out_size
+        self.net.wcap = wcap
+        keep = []
+        cdef cydnnNetLayer *L
+        cdef int i, s
+        for i, d in enumerate(layers):
+            L = &self.net.layers[i]
+            L.op = NET_OPS[d["op"]]
+            L.tile = d.get("tile", 0)
+            L.c, L.h, L.w = d["c"], d.get("h", 1), d.get("w", 1)
+            L.k, L.oh, L.ow = d.get("k", 0), d.get("oh", 1), d.get("ow", 1)
+            L.kh, L.kw, L.sh, L.sw = d.get("kh", 1), d.get("kw", 1), d.get("sh", 1), d.get("sw", 1)
+            L.ph, L.pw = d.get("ph", 0), d.get("pw", 0)
+            L.weight = f32_or_null(d.get("weight"), "weight")
+            L.bias = f32_or_null(d.get("bias"), "bias")
+            L.bn_mean = f32_or_null(d.get("bn_mean"), "bn_mean")
+            L.bn_var = f32_or_null(d.get("bn_var"), "bn_var")
+            L.bn_weight = f32_or_null(d.get("bn_weight"), "bn_weight")
+            L.bn_bias = f32_or_null(d.get("bn_bias"), "bn_bias")
+            L.bn_eps = d.get("bn_eps", 0.0)
+            epi = d.get("epi", ())
+            if len(epi) > 3:
+                raise ValueError(f"fused_net: layer {i} has {len(epi)} epilogue steps, at most 3")
+            L.num_epi = len(epi)
+            for s in range(len(epi)):
+                L.epi[s] = epi[s]
+            L.act, L.slope = d.get("act", 0), d.get("slope", 0.0)
+            keep += [d.get(k) for k in ("weight", "bias", "bn_mean", "bn_var", "bn_weight", "bn_bias")]
+        self.arrays = tuple(a for a in keep if a is not None)
+        check(cydnn_fused_net_check(&self.net, &self.smem_bytes), "fused_net_forward")
+
+    def forward(self, DeviceArray x not None, DeviceArray y not None, int n, int cluster=1):
+        """y[:n] = the network on x[:n] (float32 DeviceArrays of n * in_size and n * out_size at least)."""
+        if x.size < <size_t>n * self.net.in_size or y.size < <size_t>n * self.net.out_size:
+            raise ValueError(f"fused_net_forward: x of {x.size} and y of {y.size} values cannot hold {n} images "
+                             f"of {self.net.in_size} -> {self.net.out_size}")
+        check(cydnn_fused_net_forward(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster),
+              "fused_net_forward")
+
+    def run_host(self, cnp.ndarray x not None, cnp.ndarray out not None, DeviceArray dx not None,
+                 DeviceArray dy not None, int cluster=1):
+        """numpy in, numpy out in one call: copy x up into dx, the kernel, copy dy down into out.
+        x: C-contiguous float32 (n, ...) of n * in_size values; out: C-contiguous float32 of n * out_size."""
+        cdef int n = x.shape[0]
+        if (x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous
+                or not out.flags.c_contiguous or x.size != n * self.net.in_size
+                or out.size != n * self.net.out_size or n < 1):
+            raise ValueError("fused_net_forward: x and out must be C-contiguous float32 of n images")
+        if dx.size < <size_t>n * self.net.in_size or dy.size < <size_t>n * self.net.out_size:
+            raise ValueError(f"fused_net_forward: staging buffers too small for {n} images")
+        cdef cydnnContext *c = ctx()
+        cdef float *px = f32(dx, "x")
+        cdef float *py = f32(dy, "y")
+        check(cydnn_memcpy_h2d(c, px, cnp.PyArray_DATA(x), <size_t>n * self.net.in_size * 4), "fused_net_forward")
+        check(cydnn_fused_net_forward(c, &self.net, px, n, py, cluster), "fused_net_forward")
+        check(cydnn_memcpy_d2h(c, cnp.PyArray_DATA(out), py, <size_t>n * self.net.out_size * 4),
+              "fused_net_forward")

@@ -1,0 +1,282 @@
+"""The fused network: a whole inference forward in one kernel launch (cpp/fused_net.cu).
+
+The generic inference plan (lower.py) runs one library call or kernel per layer, each a trip
+through device memory and a launch of a few microseconds; for one image that is most of the
+time.  Where a network's activations for one image fit in shared memory, this backend describes
+its layers as a table (:func:`describe`) that one kernel interprets: the image stays in shared
+memory from the input to the logits, and a thread-block cluster of up to 8 blocks (on as many
+SMs) shares each layer's work, every block storing its slice of the outputs into every block's
+shared memory.
+
+What the table holds, from the traced nodes:
+
+- convolution, linear, max / average pooling, global average pooling: a layer each;
+- activation and batch norm (eval mode: the running statistics): steps of the epilogue of the
+  layer before (at most three), or an "epilogue" layer of their own when there is none to ride on
+  (or batch norm's channels are not that layer's, e.g. after a Flatten);
+- Flatten and Dropout (eval mode): nothing -- the table's activations are (c, h, w) flattened.
+
+The table refers to the model's device arrays (weights, biases, running statistics) directly: a
+training step's in-place updates are seen by the next call; a replaced array changes the model's
+structure version, on which :class:`~cydnn.compiler.compiled.CompiledInference` re-plans.
+
+``CompiledInference`` times this kernel (at each cluster size) against the generic plan's graph
+for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the choice).
+"""
+import numpy as np
+
+from .. import _C
+from .trace import slope
+
+__all__ = ["describe", "FusedNetwork", "CLUSTERS", "SMEM_LIMIT"]
+
+#: cluster sizes tried (blocks per image)
+CLUSTERS = (1, 2, 4, 8)
+#: shared memory one block may use on sm_90 (bytes), less the kernel's own
+SMEM_LIMIT = 227 * 1024 - 256
+#: threads per block of the kernel (cpp/fused_net.cu's kNetThreads)
+THREADS = 512
+
+_ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
+# tile code -> (output channels, output pixels) per thread, biggest first
+_TILES = ((3, 4, 4), (2, 4, 1), (1, 1, 4), (0, 1, 1))
+
+
+def _channels(layer):
+    """(channels, values per channel) of a layer's output, as its epilogue indexes them."""
+    op = layer["op"]
+    if op == "linear":
+        return layer["k"], 1
+    if op == "conv":
+        return layer["k"], layer["oh"] * layer["ow"]
+    if op == "global_avg_pool":
+        return layer["c"], 1
+    if op == "epilogue":
+        return layer["c"], layer["h"] * layer["w"]
+    return layer["c"], layer["oh"] * layer["ow"]
+
+
+def _size(layer):
+    channels, inner = _channels(layer)
+    return channels * inner
+
+
+def _epilogue_layer(shape):
+    c = shape[1]
+    h, w = (shape[2], shape[3]) if len(shape) == 4 else (1, 1)
+    return {"op": "epilogue", "c": c, "h": h, "w": w, "epi": [], "node": None}
+
+
+def describe(nodes):
+    """The table's layers for traced ``nodes`` (batch 1), without arrays: a list of dicts, or a
+    string saying why the network does not fit the fused kernel."""
+    layers = []
+    for node in nodes:
+        op, m, shape = node.op, node.module, node.in_shape
+        if op in ("flatten", "dropout"):
+            continue
+        if op == "conv2d":
+            (_, c, h, w), (_, k, oh, ow) = shape, node.out_shape
+            kh, kw = m.weight.shape[2:]
+            (sh, sw), (ph, pw) = node.attrs["stride"], node.attrs["padding"]
+            layers.append(dict(op="conv", c=c, h=h, w=w, k=k, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph,
+                               pw=pw, epi=[], node=node))
+        elif op == "linear":
+            layers.append(dict(op="linear", c=shape[1], h=1, w=1, k=node.out_shape[1], epi=[], node=node))
+        elif op in ("max_pool", "avg_pool", "global_avg_pool"):
+            (_, c, h, w), (_, _, oh, ow) = shape, node.out_shape
+            (kh, kw), (sh, sw), (ph, pw) = node.attrs["kernel"], node.attrs["stride"], node.attrs["padding"]
+            layers.append(dict(op=op, c=c, h=h, w=w, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
+                               epi=[], node=node))
+        elif op in _ACTS or op == "batch_norm":
+            last = layers[-1] if layers else None
+            kind = _C.NET_EPI_BN if op == "batch_norm" else _C.NET_EPI_ACT
+            inner = int(np.prod(shape[2:], dtype=np.int64)) if len(shape) > 2 else 1
+            fits = (last is not None and len(last["epi"]) < 3 and kind not in last["epi"]
+                    and (kind == _C.NET_EPI_ACT or _channels(last) == (shape[1], inner)))
+            if not fits:
+                last = _epilogue_layer(shape)
+                layers.append(last)
+            last["epi"].append(kind)
+            if kind == _C.NET_EPI_BN:
+                last["bn"] = node
+            else:
+                last["act"], last["slope"] = _ACTS[op], slope(m)
+        else:
+            return f"layer {node.name}: the fused kernel has no {op}"
+    if not layers:
+        return "nothing to compute (only Flatten / Dropout layers)"
+    if len(layers) > _C.NET_MAX_LAYERS:
+        return f"{len(layers)} layers, the fused kernel takes {_C.NET_MAX_LAYERS}"
+    width = max([int(np.prod(nodes[0].in_shape[1:]))] + [_size(layer) for layer in layers])
+    if 8 * width > SMEM_LIMIT:
+        return (f"the widest activation has {width} values: two buffers of it need {8 * width} bytes of shared "
+                f"memory, more than {SMEM_LIMIT}")
+    return layers
+
+
+def _tile(layer, ranks):
+    """The convolution tile with the fewest instructions on the busiest thread: rounds of work items
+    per thread x instructions per tap (TCO * TP multiply-adds, ~5 per input pixel read with its
+    bounds, one weight read, ~8 of loop and addressing; profiled with ncu: the kernel is bound by
+    instruction issue, not by memory).  Ties go to the bigger tile."""
+    def cost(tco, tp):
+        items = -(-layer["k"] // tco) * layer["oh"] * -(-layer["ow"] // tp)
+        return -(-items // (ranks * THREADS)) * (tco * tp + 5 * tp + 9)
+    return min(_TILES, key=lambda t: cost(t[1], t[2]))[0]
+
+
+def _staged(layer, ranks):
+    """Floats of weights the block of a cluster with the most to stage needs for convolution ``layer``
+    (the channels its share of the work items touches; cpp/fused_net.cu's conv_layer)."""
+    if layer["op"] != "conv":
+        return 0
+    tco, tp = next((c, p) for code, c, p in _TILES if code == layer["tile"])
+    row = layer["oh"] * -(-layer["ow"] // tp)
+    items = -(-layer["k"] // tco) * row
+    per = -(-items // ranks)
+    ksize = layer["c"] * layer["kh"] * layer["kw"]
+    most = 0
+    for rank in range(ranks):
+        lo, hi = per * rank, min(per * rank + per, items)
+        if hi > lo:
+            span = min(layer["k"], ((hi - 1) // row + 1) * tco) - lo // row * tco
+            most = max(most, -(-span // 4) * 4 * ksize)        # staged rows of a multiple of 4 channels
+    return most
+
+
+class FusedNetwork:
+    """The tables of one network (one per cluster size), bound to the model's arrays now.
+
+    ``forward(x, y, n, cluster)`` on DeviceArrays; ``run_host(x, cluster)`` numpy in, numpy out
+    through staging buffers for up to ``capacity`` images.
+    """
+
+    def __init__(self, layers, in_shape, out_shape, softmax, capacity):
+        self.in_size = int(np.prod(in_shape))
+        self.out_shape = tuple(out_shape)
+        self.out_size = int(np.prod(out_shape))
+        self.layers = layers
+        width = max([self.in_size] + [_size(layer) for layer in layers])
+        self.tables = {}
+        for r in CLUSTERS:
+            bound = [self._bind(layer, r) for layer in layers]
+            room = SMEM_LIMIT // 4 - 2 * (-(-width // 4) * 4)  # floats left beside the two activation buffers
+            wcap = min(room, max([_staged(d, r) for d in bound] + [0]))
+            self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
+        self.capacity = capacity
+        self._dx = _C.empty((capacity * self.in_size,))
+        self._dy = _C.empty((capacity * self.out_size,))
+
+    @staticmethod
+    def _bind(layer, ranks):
+        d = {k: v for k, v in layer.items() if k not in ("node", "bn")}
+        if layer["op"] == "conv":
+            d["tile"] = _tile(layer, ranks)
+        node = layer.get("node")
+        if node is not None and layer["op"] in ("conv", "linear"):
+            d["weight"] = node.module.weight.data
+            d["bias"] = node.module.bias.data if node.module.bias is not None else None
+        bn = layer.get("bn")
+        if bn is not None:
+            m = bn.module
+            d.update(bn_mean=m.running_mean, bn_var=m.running_var, bn_weight=m.weight.data, bn_bias=m.bias.data,
+                     bn_eps=float(m.eps))
+        return d
+
+    def forward(self, x, y, n, cluster):
+        self.tables[cluster].forward(x, y, n, cluster)
+
+    def run_host(self, x, cluster):
+        """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty((x.shape[0],) + self.out_shape, np.float32)
+        self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster)
+        return out
+
+    def explain(self):
+        acts = {v: k for k, v in _ACTS.items()}
+        lines = [f"fused network: one kernel launch, {len(self.layers)} layers, activations in shared memory "
+                 f"({self.tables[1].smem_bytes} bytes a block), a cluster of {'/'.join(map(str, CLUSTERS))} "
+                 f"blocks per image"]
+        for layer in self.layers:
+            node, bn = layer.get("node"), layer.get("bn")
+            steps = ["bias"] if layer["op"] in ("conv", "linear") and node.module.bias is not None else []
+            steps += ["batch_norm" if e == _C.NET_EPI_BN else acts[layer["act"]] for e in layer["epi"]]
+            name = node.name if node is not None else (bn.name if bn is not None else "-")
+            lines.append(f"  {layer['op']:<16} {name:<16} {layer['c']}x{layer['h']}x{layer['w']} -> "
+                         f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}")
+        return "\n".join(lines)
+
+
+#: calls timed per candidate when choosing
+TUNE_CALLS = 5
+
+
+class FusedChoice:
+    """Per batch bucket, the fused kernel at its fastest cluster size or the generic plan.
+
+    ``mode``: ``"auto"`` (the faster, timed on the bucket's own input), ``"force"`` (the fused
+    kernel wherever it takes the network: for tests and benchmarks), ``"off"``.  Before any
+    timing the kernel's output is compared with the plan's on the same input (a self-test, as the
+    graph capture has one); a difference beyond rounding turns the fused kernel off, with the
+    reason in ``reason`` and a warning in the log.
+    """
+
+    def __init__(self, nodes, softmax, mode, capacity):
+        self.mode, self.reason, self.net = mode, None, None
+        self.clusters, self.timed_us = {}, {}
+        if mode == "off":
+            self.reason = "switched off (fused_net='off')"
+            return
+        layers = describe(nodes)
+        if isinstance(layers, str):
+            self.reason = layers
+            return
+        try:
+            self.net = FusedNetwork(layers, nodes[0].in_shape[1:], nodes[-1].out_shape[1:], softmax, capacity)
+        except (_C.CydnnError, ValueError) as e:
+            self.reason = f"the fused kernel refused the network: {e}"
+
+    def cluster(self, bucket):
+        """The cluster size chosen for ``bucket`` (None: the plan; missing: not chosen yet)."""
+        return self.clusters.get(bucket, "?")
+
+    def choose(self, bucket, m, x, plan_launch, plan_output, log=None):
+        """Choose for ``bucket`` with the plan's input ``x`` (its first ``m`` rows are real)."""
+        import time
+        if self.net is None:
+            self.clusters[bucket] = None
+            return None
+        plan_launch()
+        ref = plan_output().numpy()[:m]
+        dy = self.net._dy
+        candidates = {}
+        for r in CLUSTERS:
+            self.net.forward(x, dy, bucket, r)
+            got = dy.numpy()[:m * self.net.out_size].reshape(ref.shape)
+            tol = 1e-4 * max(1.0, float(np.nanmax(np.abs(ref))) if ref.size else 1.0)
+            if not np.allclose(got, ref, rtol=1e-4, atol=tol, equal_nan=True):
+                self.reason = (f"self-test failed: the fused kernel (cluster {r}) differs from the plan by "
+                               f"{float(np.nanmax(np.abs(got - ref))):.3g}")
+                if log is not None:
+                    log.warning("compile: %s; running the plan", self.reason)
+                self.net = None
+                self.clusters[bucket] = None
+                return None
+            candidates[r] = (lambda r=r: self.net.forward(x, dy, bucket, r))
+        if self.mode == "auto":
+            candidates[None] = plan_launch
+        times = {}
+        for key, fn in candidates.items():
+            fn()
+            _C.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(TUNE_CALLS):
+                fn()
+            _C.synchronize()
+            times[key] = (time.perf_counter() - t0) / TUNE_CALLS
+        chosen = min(times, key=times.get)
+        self.timed_us[bucket] = {("plan" if k is None else f"fused/{k}"): round(1e6 * t, 1) for k, t in times.items()}
+        self.clusters[bucket] = chosen
+        return chosen

@@ -1,0 +1,192 @@
+"""The fused network (cpp/fused_net.cu, compiler/fused_net.py): a whole inference forward in one kernel.
+
+CPU: how layers become the table (epilogues, where batch norm may ride, what is refused).  GPU: the
+kernel against the per-op reference forward on every network of the test zoo and on layer
+combinations the zoo lacks, at every cluster size, for one image, odd batches, buckets and chunks,
+numpy and DeviceArray inputs; weights changed in place or replaced; the self-test's fallback.
+"""
+import numpy as np
+import pytest
+
+import cydnn
+from cydnn import _C, nn, optim
+from cydnn.compiler import fused_net
+from cydnn.compiler.trace import trace
+
+from test_compiler import ZOO
+
+gpu = pytest.mark.gpu
+
+
+def _ops(layers):
+    return [(d["op"], len(d["epi"])) for d in layers]
+
+
+# ---------------------------------------------------------------------- CPU: the table
+def test_activations_and_batch_norm_ride_on_the_layer_before():
+    model = ZOO["cnn_bn"][0]()
+    layers = fused_net.describe(trace(model, (3, 16, 16), 1))
+    # conv+bn+relu, pool, conv+bn+leaky, gap, linear+bn+relu, linear
+    assert _ops(layers) == [("conv", 2), ("max_pool", 0), ("conv", 2), ("global_avg_pool", 0),
+                            ("linear", 2), ("linear", 0)]
+    assert layers[0]["epi"] == [_C.NET_EPI_BN, _C.NET_EPI_ACT] and layers[0]["act"] == _C.ACT_RELU
+    assert layers[2]["act"] == _C.ACT_LEAKY and layers[2]["slope"] == pytest.approx(0.1)
+    assert layers[0]["bn"].name == "1" and layers[4]["bn"].name == "10"
+
+
+def test_batch_norm_over_other_channels_gets_a_layer_of_its_own():
+    # after Flatten the 1d batch norm's channels are the 2*3*3 features, not the conv's 2 channels
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.BatchNorm1d(18), nn.Tanh(), nn.Linear(18, 4))
+    layers = fused_net.describe(trace(model, (1, 5, 5), 1))
+    assert _ops(layers) == [("conv", 0), ("epilogue", 2), ("linear", 0)]
+    assert (layers[1]["c"], layers[1]["h"], layers[1]["w"]) == (18, 1, 1)
+    # a 1x1 plane flattened keeps its channels: the batch norm rides on the pooling
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.BatchNorm1d(2))
+    assert _ops(fused_net.describe(trace(model, (1, 5, 5), 1))) == [("conv", 0), ("global_avg_pool", 1)]
+
+
+def test_a_leading_activation_and_a_second_one_get_epilogue_layers():
+    model = nn.Sequential(nn.ReLU(), nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Tanh(), nn.Dropout(0.5))
+    layers = fused_net.describe(trace(model, (1, 2, 2), 1))
+    assert _ops(layers) == [("epilogue", 1), ("linear", 1), ("epilogue", 1)]
+    assert (layers[0]["c"], layers[0]["h"], layers[0]["w"]) == (1, 2, 2)
+    assert layers[2]["act"] == _C.ACT_TANH
+
+
+def test_what_does_not_fit_is_refused_with_the_reason():
+    big = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU())          # 64*64*64 floats, twice
+    reason = fused_net.describe(trace(big, (3, 64, 64), 1))
+    assert isinstance(reason, str) and "262144 values" in reason and "shared memory" in reason
+    assert fused_net.describe(trace(nn.Sequential(nn.Flatten(), nn.Dropout(0.1)), (1, 2, 2), 1)).startswith(
+        "nothing to compute")
+    many = nn.Sequential(*[nn.Linear(4, 4) for _ in range(_C.NET_MAX_LAYERS + 1)])
+    assert "33 layers" in fused_net.describe(trace(many, (4,), 1))
+
+
+def test_the_tile_is_the_one_with_the_fewest_instructions_on_the_busiest_thread():
+    layer = dict(k=96, oh=8, ow=8)
+    # one block: 4x4 tiles are 384 items, one round of 16+20+9 = 45 instructions a tap; 4x1: 3 rounds of 18
+    assert fused_net._tile(layer, 1) == 3
+    assert fused_net._tile(layer, 8) == 2          # 8 blocks: 4x1 is one round of 18 (1536 items, 4096 threads)
+    layer = dict(k=24, oh=32, ow=32)
+    assert fused_net._tile(layer, 1) == 3 and fused_net._tile(layer, 8) == 2    # 135 vs 216; 45 vs 2 x 18
+
+
+# ---------------------------------------------------------------------- GPU: against the reference
+def _extra():
+    """Layer combinations the zoo lacks: strides and padding of every kind, average pooling with padding,
+    batch norm on its own layer, a leading activation, sigmoid/tanh, no bias."""
+    r = np.random.default_rng(3)
+    odd = nn.Sequential(nn.Tanh(), nn.Conv2d(2, 5, (3, 2), stride=(2, 1), padding=(1, 0), rng=1), nn.Sigmoid(),
+                        nn.AvgPool2d(3, stride=2, padding=1), nn.Conv2d(5, 7, 1, bias=False, rng=2),
+                        nn.MaxPool2d(2, stride=1, padding=1), nn.Flatten(), nn.BatchNorm1d(7 * 4 * 6),
+                        nn.Linear(7 * 4 * 6, 9, rng=3))
+    bn = odd[7]
+    bn.running_mean = r.normal(0, 0.3, bn.num_features).astype(np.float32)
+    bn.running_var = r.uniform(0.5, 2.0, bn.num_features).astype(np.float32)
+    return {"odd": (lambda: odd, (2, 11, 10)),
+            "wide": (lambda: nn.Sequential(nn.Conv2d(1, 40, 5, rng=4), nn.ReLU(), nn.MaxPool2d(2),
+                                           nn.Conv2d(40, 33, 3, rng=5), nn.LeakyReLU(0.2), nn.Flatten(),
+                                           nn.Linear(33 * 10 * 10, 10, rng=6)), (1, 28, 28))}
+
+
+CASES = dict(ZOO, **_extra())
+
+
+def _reference(model, x):
+    return model(_C.to_device(x)).numpy()
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("softmax", [False, True])
+def test_fused_network_gives_the_reference_outputs(name, softmax):
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape, softmax=softmax, fused_net="force")
+    rng = np.random.default_rng(1)
+    for n in (1, 3, 64, 1030):                     # a bucket, inside one, the biggest, chunks
+        x = rng.standard_normal((n,) + shape).astype(np.float32)
+        want = _reference(model, x)
+        if softmax:
+            want = np.exp(want - want.max(1, keepdims=True))
+            want /= want.sum(1, keepdims=True)
+        scale = max(1.0, float(np.abs(want).max()))
+        got = infer(x)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * scale, err_msg=f"{name} n={n}")
+        got_dev = infer(_C.to_device(x))
+        assert isinstance(got_dev, _C.DeviceArray)
+        np.testing.assert_allclose(got_dev.numpy(), got, rtol=0, atol=0)
+    info = infer.info()["fused_net"]
+    assert info["reason"] is None, info
+    assert all(c in fused_net.CLUSTERS for c in info["clusters"].values()), info
+
+
+@gpu
+@pytest.mark.parametrize("name", ["cnn32", "odd", "cnn_bn", "mlp"])
+@pytest.mark.parametrize("cluster", fused_net.CLUSTERS)
+def test_every_cluster_size_gives_the_reference_outputs(cluster, name):
+    """Also the sanitizers' case (tools/sanitize.sh): every layer kind at every cluster size, 5 images."""
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 16)
+    x = np.random.default_rng(2).standard_normal((5,) + shape).astype(np.float32)
+    np.testing.assert_allclose(net.run_host(x, cluster), _reference(model, x), rtol=1e-5, atol=2e-6)
+
+
+@gpu
+def test_weights_updated_in_place_or_replaced_are_seen():
+    make, shape = CASES["lenet_widths"]
+    model = make().to("cuda")
+    infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+    x = np.random.default_rng(4).standard_normal((2,) + shape).astype(np.float32)
+    before = infer(x)
+    model.train()
+    opt = optim.SGD(model.parameters(), lr=0.5)
+    loss_fn = nn.CrossEntropyLoss()
+    loss_fn(model(_C.to_device(x)), np.array([1, 2]))
+    model.backward(loss_fn.backward(), input_grad=False)
+    opt.step()                                     # in place: the same device arrays
+    model.eval()
+    after = infer(x)
+    assert np.abs(after - before).max() > 1e-3
+    np.testing.assert_allclose(after, _reference(model, x), rtol=1e-5, atol=2e-6)
+    model[9].weight = nn.Parameter(np.zeros((10, 512), np.float32))       # a new array: re-planned
+    model.to("cuda")
+    np.testing.assert_allclose(infer(x), _reference(model, x), rtol=1e-5, atol=2e-6)
+    assert np.abs(infer(x) - model[9].bias.data.numpy()).max() < 1e-6
+
+
+@gpu
+def test_a_failed_self_test_falls_back_to_the_plan_with_the_reason(monkeypatch, caplog):
+    make, shape = CASES["mlp"]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+    real = fused_net.FusedNetwork.forward
+
+    def wrong(self, x, y, n, cluster):             # a kernel that gets every output wrong by 1
+        real(self, x, y, n, cluster)
+        _C.copy_into(y, _C.to_device(y.numpy() + 1))
+    monkeypatch.setattr(fused_net.FusedNetwork, "forward", wrong)
+    x = np.random.default_rng(5).standard_normal((3,) + shape).astype(np.float32)
+    with caplog.at_level("WARNING", logger="cydnn.compiler"):
+        got = infer(x)
+    np.testing.assert_allclose(got, _reference(model, x), rtol=1e-5, atol=2e-6)
+    reason = infer.info()["fused_net"]["reason"]
+    assert reason.startswith("self-test failed") and "differs from the plan by 1" in reason
+    assert any("self-test failed" in r.getMessage() for r in caplog.records)
+
+
+@gpu
+def test_auto_mode_records_what_it_timed_and_off_mode_never_runs_it():
+    make, shape = CASES["mlp"]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape)
+    infer(np.zeros((1,) + shape, np.float32))
+    info = infer.info()["fused_net"]
+    assert set(info["timed_us"][1]) == {"plan"} | {f"fused/{r}" for r in fused_net.CLUSTERS}
+    off = cydnn.compile(model, input_shape=shape, fused_net="off")
+    off(np.zeros((1,) + shape, np.float32))
+    assert off.info()["fused_net"]["clusters"] == {1: None}
+    assert "switched off" in off.info()["fused_net"]["reason"]

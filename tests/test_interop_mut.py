@@ -274,10 +274,29 @@ def test_file_written_beside_the_target_then_given_a_plain_mode(tmp_path, monkey
     (tmp,) = seen
     assert os.path.dirname(tmp) == str(tmp_path)
     assert os.path.basename(tmp).startswith(".w.npz.") and tmp.endswith(".tmp")
-    assert os.listdir(tmp_path) == ["w.npz"] and os.stat(path).st_mode & 0o777 == 0o644
+    assert os.listdir(tmp_path) == ["w.npz"] and os.stat(path).st_mode & 0o777 == 0o666 & ~umask()
     os.chmod(path, 0o640)
     cydnn.export_weights(net(), path)
     assert os.stat(path).st_mode & 0o777 == 0o640
+
+
+def umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("mask, file_mode, folder_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_new_exports_get_the_modes_the_umask_gives(tmp_path, mask, file_mode, folder_mode):
+    before = os.umask(mask)
+    try:
+        file = cydnn.export_weights(net(), tmp_path / "w.npz")
+        folder = cydnn.export_weights(net(), tmp_path / "w", format="bin")
+    finally:
+        os.umask(before)
+    assert os.stat(file).st_mode & 0o777 == file_mode
+    assert os.stat(folder).st_mode & 0o777 == folder_mode
+    assert {os.stat(os.path.join(folder, e)).st_mode & 0o777 for e in os.listdir(folder)} == {file_mode}
 
 
 def test_write_errors(tmp_path, monkeypatch):
@@ -331,7 +350,7 @@ def test_folder_built_beside_the_target_with_plain_modes_and_9_digits(tmp_path, 
     path = cydnn.export_weights(model, tmp_path / "w", format="txt")
     assert set(folders) == {folders[0]} and os.path.dirname(folders[0]) == str(tmp_path)
     assert os.path.basename(folders[0]).startswith(".w.") and folders[0].endswith(".tmp")
-    assert os.stat(path).st_mode & 0o777 == 0o755
+    assert os.stat(path).st_mode & 0o777 == 0o777 & ~umask()
     assert (tmp_path / "w" / "w.txt").read_text() == "9.99999975e-06\n0.100000001\n3\n"
 
 

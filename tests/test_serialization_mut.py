@@ -279,7 +279,23 @@ def test_save_records_version_utc_time_and_a_plain_mode(tmp_path):
     created = datetime.datetime.fromisoformat(meta["created"])
     assert created.tzinfo == datetime.timezone.utc
     assert before <= created <= datetime.datetime.now(datetime.timezone.utc)
-    assert os.stat(p).st_mode & 0o777 == 0o644          # a new file: rw-r--r--, not the temp file's 0600
+    assert os.stat(p).st_mode & 0o777 == 0o666 & ~umask()      # as open() makes it, not the temp file's 0600
+
+
+def umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_a_new_checkpoint_gets_the_mode_the_umask_gives(tmp_path, mask, mode):
+    before = os.umask(mask)
+    try:
+        p = cydnn.save(models.LeNet5(), tmp_path / "m.npz")
+    finally:
+        os.umask(before)
+    assert os.stat(p).st_mode & 0o777 == mode
 
 
 def test_version_from_the_installed_distribution(tmp_path, monkeypatch):

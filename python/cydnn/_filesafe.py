@@ -25,7 +25,7 @@ import numpy as np
 import numpy.lib.format as npy_format
 
 __all__ = ["NpzReader", "loads_json", "read_safetensors_header", "read_safetensors_tensor", "check_lossless",
-           "describe"]
+           "describe", "creation_mode"]
 
 #: Largest .npy header read (numpy's own default bound).
 MAX_NPY_HEADER = 10_000
@@ -51,6 +51,28 @@ def check_lossless(value, error, where, dtype=np.float32):
             raise error(f"{where}: {value.dtype} values such as {bad} are not exactly representable in "
                         f"{np.dtype(dtype).name}; refusing a lossy cast")
     return value
+
+
+def _umask():
+    """The process's umask, read without changing it (Linux: /proc/self/status), else by setting
+    and restoring it (a moment in which another thread's new file would get mode 0o666)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def creation_mode(directory=False):
+    """The mode ``open()`` (0o666) or ``mkdir()`` (0o777) gives a new file or folder under the
+    process's umask: what a file written through a private temporary file (mode 0o600) is given
+    before it is renamed into place, so that an atomic write honours the umask like a plain one."""
+    return (0o777 if directory else 0o666) & ~_umask()
 
 
 # ---------------------------------------------------------------------- JSON

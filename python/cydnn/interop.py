@@ -32,7 +32,8 @@ import warnings
 
 import numpy as np
 
-from ._filesafe import NpzReader, check_lossless, describe, read_safetensors_header, read_safetensors_tensor
+from ._filesafe import (NpzReader, check_lossless, creation_mode, describe, read_safetensors_header,
+                        read_safetensors_tensor)
 from ._names import check_name, child_path
 from ._normalize import KEEP as _KEEP, apply_normalize, check_normalize  # noqa: F401
 
@@ -279,7 +280,7 @@ def _replace_file(write, path):
         try:
             mode = os.stat(path).st_mode & 0o777
         except FileNotFoundError:
-            mode = 0o644
+            mode = creation_mode()              # what open() would give (mkstemp's is 0o600)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as e:
@@ -322,7 +323,7 @@ def _replace_folder(state, path, ext):
                     f.write(value.astype("<f4").tobytes())
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, creation_mode(directory=True))        # mkdtemp's is 0o700
         if os.path.isdir(path):          # rename(2) cannot replace a non-empty folder: swap it
             old = tempfile.mkdtemp(dir=parent, prefix=f".{base}.", suffix=".old")
             os.rmdir(old)

@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from ._filesafe import NpzReader, describe
+from ._filesafe import NpzReader, creation_mode, describe
 from ._names import check_name
 from .checkpoint_checks import (FORMAT_VERSION, MAX_CLASSES, CheckpointError, check_config,  # noqa: F401
                                 check_format, json_entry)
@@ -97,11 +97,11 @@ def save(model, path, metadata=None):
             tmp.flush()
             os.fsync(tmp.fileno())
         # NamedTemporaryFile makes the file private (0600); give it the mode a
-        # plain open() would have had, or keep the mode of the file it replaces.
+        # plain open() would have had (umask applied), or keep the mode of the file it replaces.
         try:
             mode = os.stat(path).st_mode & 0o777
         except FileNotFoundError:
-            mode = 0o644
+            mode = creation_mode()
         os.chmod(tmp.name, mode)
         os.replace(tmp.name, path)
     except BaseException:

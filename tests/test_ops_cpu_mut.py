@@ -87,11 +87,15 @@ def test_defaults_are_no_pad_no_shift_no_flip_seed_0(images):
                                   ref_batch_chw(images[:, :1], idx, 0.5, 0.25, 0, 2, False, 0))
 
 
-def test_shifted_moves_uint8_pixels():
+@pytest.mark.parametrize("sy, sx", [([0, 2, -7, 1], [0, -1, 3, 9]),      # both ways, past the frame
+                                    ([0, 1, -1, 0], [0, 0, 0, 0]),      # vertical only, by one
+                                    ([0, 0, 0, 0], [1, 0, -1, 0]),      # horizontal only, by one
+                                    ([0, 0, 0, 0], [0, 0, 0, 0])])      # none
+def test_shifted_moves_uint8_pixels(sy, sx):
     frames = np.random.default_rng(1).integers(1, 256, (4, 5, 6), dtype=np.uint8)
-    sy, sx = np.array([0, 2, -7, 1]), np.array([0, -1, 3, 9])
+    sy, sx = np.array(sy), np.array(sx)
     out = data._shifted(frames, sy, sx)
-    assert out.dtype == np.uint8
+    assert out.dtype == np.uint8 and out.shape == frames.shape
     for b in range(4):
         for i in range(5):
             for j in range(6):

@@ -18,7 +18,7 @@ What the table holds, from the traced nodes:
 
 The table refers to the model's device arrays (weights, biases, running statistics) directly: a
 training step's in-place updates are seen by the next call; a replaced array changes the model's
-structure version, on which :class:`~cydnn.compiler.compiled.CompiledInference` re-plans.
+structure version, on which :class:`~cydnn.compiler.inference.CompiledInference` re-plans.
 
 ``CompiledInference`` times this kernel (at each cluster size) against the generic plan's graph
 for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the choice).

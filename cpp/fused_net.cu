@@ -21,6 +21,8 @@
 // Same formulas as the per-op path (conv_forward + bias + activation,
 // max/avg pooling with PyTorch's rules, batch norm in eval mode); only the
 // summation order differs.
+#include <atomic>
+
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -497,14 +499,22 @@ cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, co
                   "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
     size_t smem = 0;
     CYDNN_TRY(cydnn_fused_net_check(net, &smem));
-    int dev = 0, limit = 0;
-    CYDNN_CUDA(op, cudaGetDevice(&dev));
-    CYDNN_CUDA(op, cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit,
-                  "the activations need %zu bytes of shared memory, the device has %d per block", smem, limit);
-    CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (cluster > 8)   // 16 blocks a cluster is beyond the portable 8 (sm_90 has it)
+    // The device's limit and the kernel's attributes, set once to the most the device allows (a
+    // one-image call is ~10 us: attribute calls on every launch cost a measurable part of it).
+    // Both calls are idempotent, so two threads racing here do no harm.
+    static std::atomic<int> limit{0};
+    if (limit.load() == 0) {
+        int l = 0;
+        CYDNN_CUDA(op, cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
+        CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            l - (int)(32 * sizeof(float))));
+        // 16 blocks a cluster: beyond the portable 8 (sm_90 has it)
         CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        limit.store(l);
+    }
+    CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit.load(),
+                  "the activations need %zu bytes of shared memory, the device has %d per block", smem,
+                  limit.load());
     CYDNN_REQUIRE(op, (long)n * cluster <= 0x7fffffffL, "n = %d images are too many for one launch", n);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(n * cluster));

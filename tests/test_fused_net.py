@@ -77,6 +77,14 @@ def test_the_tile_is_the_one_with_the_fewest_instructions_on_the_busiest_thread(
     assert fused_net._tile(first, 1) == 3 and fused_net._tile(first, 8) == 2
 
 
+def test_compiled_inference_of_a_model_on_the_cpu_says_so_instead_of_binding_host_arrays():
+    model = ZOO["mlp"][0]()
+    infer = cydnn.compile(model, input_shape=(1, 28, 28))
+    assert infer.info()["mode"] == "reference" and "cpu" in infer.info()["reason"]
+    with pytest.raises(RuntimeError, match=r"the model is on 'cpu'; compiled inference runs on the GPU"):
+        infer(np.zeros((1, 1, 28, 28), np.float32))
+
+
 # ---------------------------------------------------------------------- GPU: against the reference
 def _extra():
     """Layer combinations the zoo lacks: strides and padding of every kind, average pooling with padding,

@@ -66,6 +66,10 @@ class CompiledInference:
         return model
 
     def _fresh(self):
+        device = self.model.device
+        if device != "cuda":
+            raise RuntimeError(f"compiled inference: the model is on {device!r}; compiled inference runs on the "
+                               f"GPU (on the CPU call the model itself, or move it with model.to('cuda'))")
         if self._sig is None or not self._sig.fresh():
             self._runners, self._lenet, self._sig, self._fused = {}, None, None, None
             nodes = trace(self.model, self.input_shape, 1)   # Unsupported if a layer changed into one it can't take

@@ -71,6 +71,26 @@ __device__ __forceinline__ void share(long items, int rank, int ranks, long &lo,
     hi = lo + per < items ? lo + per : items;
 }
 
+// Stage the weights of the output channels work items [lo, hi) touch (item / row_items is the
+// channel group of tco channels) into wbuf, transposed to [c * kh * kw][channel] with rows of cs
+// channels (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats.
+// Returns whether they were staged; c_lo is the first staged channel.  Block-uniform (it syncs).
+__device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco, int ksize,
+                              float *wbuf, long wcap, int &c_lo, int &cs) {
+    c_lo = (int)(lo / row_items) * tco;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * tco;
+    const int c_span = (c_hi_raw < L.k ? c_hi_raw : L.k) - c_lo;
+    cs = (c_span + 3) / 4 * 4;
+    if ((long)cs * ksize > wcap) return false;
+    const float *g = L.weight + (long)c_lo * ksize;
+    for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
+        const int co = i / ksize;
+        wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
+    }
+    __syncthreads();
+    return true;
+}
+
 // Convolution: a thread computes TCO output channels x TP output pixels of one row, the pixels
 // pxg apart (pxg = ceil(OW / TP)), so that the lanes of a warp read neighbouring inputs (no bank
 // conflicts).  The weights of the output channels a block computes are staged in shared memory
@@ -89,19 +109,8 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
     share((long)cog * row_items, rank, ranks, lo, hi);
     if (hi <= lo) return;
     const int ksize = C * KH * KW;
-    const int c_lo = (int)(lo / row_items) * TCO;
-    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * TCO;
-    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
-    const int cs = (c_span + 3) / 4 * 4;                   // the staged row: a multiple of 4 channels
-    const bool staged = (long)cs * ksize <= wcap;
-    if (staged) {
-        const float *g = L.weight + (long)c_lo * ksize;
-        for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
-            const int co = i / ksize;
-            wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
-        }
-        __syncthreads();
-    }
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, TCO, ksize, wbuf, wcap, c_lo, cs);
     for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
         const int g = (int)(it / row_items);
         const int rest = (int)(it - g * row_items);
@@ -188,19 +197,8 @@ __device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next,
     share((long)cog * row_items, rank, ranks, lo, hi);
     if (hi <= lo) return;
     const int ksize = C * KH * KW;
-    const int c_lo = (int)(lo / row_items) * 4;
-    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * 4;
-    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
-    const int cs = (c_span + 3) / 4 * 4;
-    const bool staged = (long)cs * ksize <= wcap;
-    if (staged) {
-        const float *g = L.weight + (long)c_lo * ksize;
-        for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
-            const int co = i / ksize;
-            wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
-        }
-        __syncthreads();
-    }
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
     const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
     // every lane of a warp runs the same number of rounds (the shuffles need them all)
     for (long base = lo; base < hi; base += groups) {

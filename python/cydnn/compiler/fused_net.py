@@ -26,6 +26,7 @@ for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the 
 import numpy as np
 
 from .. import _C
+from .executor import time_calls
 from .trace import slope
 
 __all__ = ["describe", "FusedNetwork", "CLUSTERS", "SMEM_LIMIT"]
@@ -218,10 +219,6 @@ class FusedNetwork:
         return "\n".join(lines)
 
 
-#: calls timed per candidate when choosing
-TUNE_CALLS = 5
-
-
 class FusedChoice:
     """Per batch bucket, the fused kernel at its fastest cluster size or the generic plan.
 
@@ -253,7 +250,6 @@ class FusedChoice:
 
     def choose(self, bucket, m, x, plan_launch, plan_output, log=None):
         """Choose for ``bucket`` with the plan's input ``x`` (its first ``m`` rows are real)."""
-        import time
         if self.net is None:
             self.clusters[bucket] = None
             return None
@@ -280,15 +276,7 @@ class FusedChoice:
             candidates[r] = (lambda r=r: self.net.forward(x, dy, bucket, r))
         if self.mode == "auto":
             candidates[None] = plan_launch
-        times = {}
-        for key, fn in candidates.items():
-            fn()
-            _C.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(TUNE_CALLS):
-                fn()
-            _C.synchronize()
-            times[key] = (time.perf_counter() - t0) / TUNE_CALLS
+        times = {key: time_calls(fn, 5) for key, fn in candidates.items()}
         chosen = min(times, key=times.get)
         self.timed_us[bucket] = {("plan" if k is None else f"fused/{k}"): round(1e6 * t, 1) for k, t in times.items()}
         self.clusters[bucket] = chosen

@@ -492,7 +492,7 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
 /* ======================================================= the fused network
  * A whole network's inference forward in one launch (fused_net.cu): the layers
  * of a table, one image's activations in shared memory, one thread-block
- * cluster of `cluster` (1, 2, 4, 8) blocks per image.  Each layer reads the
+ * cluster of `cluster` (1, 2, 4, 8, 16) blocks per image.  Each layer reads the
  * previous one's output, (c, h, w) flattened, and ends with an epilogue: + bias
  * (if not NULL), then epi[0..num_epi) in order: CYDNN_NET_EPI_BN (eval-mode
  * batch norm: (v - mean) / sqrt(var + eps) * weight + bias, per channel) or
@@ -500,7 +500,8 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
  * weight (k, c) with h = w = 1; pools: window kh x kw, stride, padding, max
  * ignoring padding and NaN, average counting padding; global average pool:
  * (c, h, w) -> c; epilogue: the epilogue alone.  tile: a convolution's work
- * per thread, 0: 1 channel x 1 pixel, 1: 1 x 4, 2: 4 x 1, 3: 4 x 4.  A block stages the weights
+ * per thread, 0: 1 channel x 1 pixel, 1: 1 x 4, 2: 4 x 1, 3: 4 x 4; 4, 5, 6: 4 x 1 shared by 4, 8,
+ * 16 lanes, each taking every 4th, 8th, 16th input channel.  A block stages the weights
  * of the output channels it computes in wcap floats of shared memory where they fit. */
 #define CYDNN_NET_MAX_LAYERS 32
 enum { CYDNN_NET_CONV = 0, CYDNN_NET_LINEAR = 1, CYDNN_NET_MAX_POOL = 2, CYDNN_NET_AVG_POOL = 3,

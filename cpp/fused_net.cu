@@ -9,11 +9,11 @@
 // activation.  The activations of one image stay in shared memory (two
 // buffers, ping-pong) from the input to the logits.
 //
-// One image is the work of one thread-block *cluster* of 1-8 blocks on as many
+// One image is the work of one thread-block *cluster* of 1-16 blocks on as many
 // SMs (sm_90): every block computes a slice of each layer's outputs and
 // stores each value into the shared memory of every block of the cluster
 // (distributed shared memory), so that after one cluster barrier every block
-// holds the whole activation for the next layer.  Few images: a cluster of 8
+// holds the whole activation for the next layer.  Few images: a cluster of 8-16
 // per image cuts the latency of a one-image call; many images: clusters of 1,
 // one image per SM, for throughput.  The host picks (cydnn_fused_net_forward's
 // `cluster`); the planner measures.
@@ -21,6 +21,8 @@
 // Same formulas as the per-op path (conv_forward + bias + activation,
 // max/avg pooling with PyTorch's rules, batch norm in eval mode); only the
 // summation order differs.
+#include <atomic>
+
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -69,6 +71,26 @@ __device__ __forceinline__ void share(long items, int rank, int ranks, long &lo,
     hi = lo + per < items ? lo + per : items;
 }
 
+// Stage the weights of the output channels work items [lo, hi) touch (item / row_items is the
+// channel group of tco channels) into wbuf, transposed to [c * kh * kw][channel] with rows of cs
+// channels (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats.
+// Returns whether they were staged; c_lo is the first staged channel.  Block-uniform (it syncs).
+__device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco, int ksize,
+                              float *wbuf, long wcap, int &c_lo, int &cs) {
+    c_lo = (int)(lo / row_items) * tco;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * tco;
+    const int c_span = (c_hi_raw < L.k ? c_hi_raw : L.k) - c_lo;
+    cs = (c_span + 3) / 4 * 4;
+    if ((long)cs * ksize > wcap) return false;
+    const float *g = L.weight + (long)c_lo * ksize;
+    for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
+        const int co = i / ksize;
+        wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
+    }
+    __syncthreads();
+    return true;
+}
+
 // Convolution: a thread computes TCO output channels x TP output pixels of one row, the pixels
 // pxg apart (pxg = ceil(OW / TP)), so that the lanes of a warp read neighbouring inputs (no bank
 // conflicts).  The weights of the output channels a block computes are staged in shared memory
@@ -87,19 +109,8 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
     share((long)cog * row_items, rank, ranks, lo, hi);
     if (hi <= lo) return;
     const int ksize = C * KH * KW;
-    const int c_lo = (int)(lo / row_items) * TCO;
-    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * TCO;
-    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
-    const int cs = (c_span + 3) / 4 * 4;                   // the staged row: a multiple of 4 channels
-    const bool staged = (long)cs * ksize <= wcap;
-    if (staged) {
-        const float *g = L.weight + (long)c_lo * ksize;
-        for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
-            const int co = i / ksize;
-            wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
-        }
-        __syncthreads();
-    }
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, TCO, ksize, wbuf, wcap, c_lo, cs);
     for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
         const int g = (int)(it / row_items);
         const int rest = (int)(it - g * row_items);
@@ -171,9 +182,90 @@ __device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next,
     else conv_layer<TCO, TP, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
 }
 
+// Convolution for deep layers on small planes (few outputs, long reductions): G lanes of a warp
+// share one work item of 4 output channels x 1 pixel, lane l taking the input channels l, l + G,
+// ...; a butterfly of shuffles inside the group adds their sums (a fixed order: deterministic).
+// The weights are staged as in conv_layer (4-channel rows) or read through the read-only cache.
+template <int G, int KS>
+__device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int cog = (K + 3) / 4;
+    const long row_items = (long)OH * OW;
+    long lo, hi;
+    share((long)cog * row_items, rank, ranks, lo, hi);
+    if (hi <= lo) return;
+    const int ksize = C * KH * KW;
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
+    const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
+    // every lane of a warp runs the same number of rounds (the shuffles need them all)
+    for (long base = lo; base < hi; base += groups) {
+        const long it = base + gid;
+        const bool active = it < hi;
+        const long item = active ? it : lo;
+        const int g = (int)(item / row_items);
+        const int rest = (int)(item - g * row_items);
+        const int oy = rest / OW, ox = rest - oy * OW;
+        const int co0 = g * 4;
+        const float *wt = wbuf + (co0 - c_lo);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ci = l; ci < C; ci += G) {
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {
+                const int iy = oy * SH - PH + ky;
+                if (iy < 0 || iy >= H) continue;
+                const int tap0 = (ci * KH + ky) * KW;
+#pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {
+                    const int ix = ox * SW - PW + kx;
+                    const float x = (ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
+                    float wv[4];
+                    if (staged) {
+                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
+                        wv[0] = w4.x; wv[1] = w4.y; wv[2] = w4.z; wv[3] = w4.w;
+                    } else {
+#pragma unroll
+                        for (int a = 0; a < 4; ++a)
+                            wv[a] = co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx) : 0.0f;
+                    }
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) acc[a] = fmaf(wv[a], x, acc[a]);
+                }
+            }
+        }
+#pragma unroll
+        for (int off = G / 2; off > 0; off /= 2)
+#pragma unroll
+            for (int a = 0; a < 4; ++a) acc[a] += __shfl_xor_sync(0xffffffffu, acc[a], off);
+        // lane a of the group stores channel co0 + a
+        float mine = acc[0];
+#pragma unroll
+        for (int a = 1; a < 4; ++a)
+            if (l == a) mine = acc[a];
+        if (active && l < 4 && co0 + l < K)
+            store_all(cluster, next, ranks, ((long)(co0 + l) * OH + oy) * OW + ox, epilogue(L, mine, co0 + l));
+    }
+}
+
+template <int G>
+__device__ void split_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                            int rank, int ranks, float *wbuf, long wcap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_split<G, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 5) conv_split<G, 5>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 1) conv_split<G, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_split<G, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
 __device__ void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                               int rank, int ranks, float *wbuf, long wcap) {
-    if (L.tile == 3) conv_sized<4, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    if (L.tile == 6) split_sized<16>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 5) split_sized<8>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 4) split_sized<4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 3) conv_sized<4, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
     else if (L.tile == 2) conv_sized<4, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
     else if (L.tile == 1) conv_sized<1, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
     else conv_sized<1, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
@@ -401,16 +493,26 @@ cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, co
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, n >= 1, "n must be >= 1, got %d", n);
-    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8,
-                  "cluster must be 1, 2, 4 or 8, got %d", cluster);
+    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
+                  "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
     size_t smem = 0;
     CYDNN_TRY(cydnn_fused_net_check(net, &smem));
-    int dev = 0, limit = 0;
-    CYDNN_CUDA(op, cudaGetDevice(&dev));
-    CYDNN_CUDA(op, cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit,
-                  "the activations need %zu bytes of shared memory, the device has %d per block", smem, limit);
-    CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    // The device's limit and the kernel's attributes, set once to the most the device allows (a
+    // one-image call is ~10 us: attribute calls on every launch cost a measurable part of it).
+    // Both calls are idempotent, so two threads racing here do no harm.
+    static std::atomic<int> limit{0};
+    if (limit.load() == 0) {
+        int l = 0;
+        CYDNN_CUDA(op, cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
+        CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            l - (int)(32 * sizeof(float))));
+        // 16 blocks a cluster: beyond the portable 8 (sm_90 has it)
+        CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        limit.store(l);
+    }
+    CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit.load(),
+                  "the activations need %zu bytes of shared memory, the device has %d per block", smem,
+                  limit.load());
     CYDNN_REQUIRE(op, (long)n * cluster <= 0x7fffffffL, "n = %d images are too many for one launch", n);
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(n * cluster));

@@ -64,12 +64,25 @@ def test_what_does_not_fit_is_refused_with_the_reason():
 
 
 def test_the_tile_is_the_one_with_the_fewest_instructions_on_the_busiest_thread():
-    layer = dict(k=96, oh=8, ow=8)
-    # one block: 4x4 tiles are 384 items, one round of 16+20+9 = 45 instructions a tap; 4x1: 3 rounds of 18
+    # 48 -> 96 channels on 8x8 (3x3): one block: 4x4 tiles are 384 items, one round of 432 taps x 45
+    layer = dict(c=48, h=8, w=8, k=96, oh=8, ow=8, kh=3, kw=3)
     assert fused_net._tile(layer, 1) == 3
-    assert fused_net._tile(layer, 8) == 2          # 8 blocks: 4x1 is one round of 18 (1536 items, 4096 threads)
-    layer = dict(k=24, oh=32, ow=32)
-    assert fused_net._tile(layer, 1) == 3 and fused_net._tile(layer, 8) == 2    # 135 vs 216; 45 vs 2 x 18
+    # 8 blocks: 4x1 items shared by 4 lanes (6,144 threads, 2 rounds of 108 taps with 4-way conflicts on a
+    # 64-value plane: 2 x (108 x 33 + 16)) beat 4x1 alone (one round of 432 taps x 18)
+    assert fused_net._tile(layer, 8) == 4
+    # 128 -> 128 on 7x7 (no bank conflicts: 49 is odd): 16 lanes a work item at 8 blocks
+    deep = dict(c=128, h=7, w=7, k=128, oh=7, ow=7, kh=3, kw=3)
+    assert fused_net._tile(deep, 8) == 6 and fused_net._tile(deep, 1) == 3     # one block: 4x4, one round
+    first = dict(c=3, h=32, w=32, k=24, oh=32, ow=32, kh=3, kw=3)          # few input channels: no split
+    assert fused_net._tile(first, 1) == 3 and fused_net._tile(first, 8) == 2
+
+
+def test_compiled_inference_of_a_model_on_the_cpu_says_so_instead_of_binding_host_arrays():
+    model = ZOO["mlp"][0]()
+    infer = cydnn.compile(model, input_shape=(1, 28, 28))
+    assert infer.info()["mode"] == "reference" and "cpu" in infer.info()["reason"]
+    with pytest.raises(RuntimeError, match=r"the model is on 'cpu'; compiled inference runs on the GPU"):
+        infer(np.zeros((1, 1, 28, 28), np.float32))
 
 
 # ---------------------------------------------------------------------- GPU: against the reference

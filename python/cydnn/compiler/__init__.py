@@ -23,7 +23,8 @@ modules, never model classes.  Switches: ``fuse=False``, ``memory=False``,
 ``cuda_graph=False``, ``fused=False`` (no LeNet kernels); ``CYDNN_DEBUG=2`` runs each
 step alone, synchronised, and prints its time.
 """
-from .compiled import CompiledInference, CompiledStep
+from .compiled import CompiledStep
+from .inference import CompiledInference
 from .ir import Plan
 from .trace import Unsupported, trace
 

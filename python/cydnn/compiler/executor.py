@@ -44,6 +44,18 @@ def _dropout(b, s):
 TUNE_CALLS = 10
 
 
+def time_calls(fn, calls=TUNE_CALLS):
+    """Seconds one call of ``fn`` takes on the device: one warm-up call, then ``calls`` calls between two
+    device synchronisations (host launch costs included, as a plan pays them)."""
+    fn()
+    _C.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _C.synchronize()
+    return (time.perf_counter() - t0) / calls
+
+
 def _conv_bias_act(b, s):
     """The faster, on these buffers, of cuDNN's convolution + the epilogue kernel and the direct kernel."""
     x, w, y = b[s.reads[0]], b[s.reads[1]], b[s.writes[0]]
@@ -63,15 +75,9 @@ def _conv_bias_act(b, s):
     else:
         times = {}
         for fn in (library, direct, library, direct):                # warm-up (algorithm search), then timed
-            fn()
-            _C.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(TUNE_CALLS):
-                fn()
-            _C.synchronize()
-            times[fn] = time.perf_counter() - t0
+            times[fn] = time_calls(fn)
         chosen = min(times, key=times.get)
-        s.args["timed_us"] = {f.__name__: round(1e6 * t / TUNE_CALLS, 1) for f, t in times.items()}
+        s.args["timed_us"] = {f.__name__: round(1e6 * t, 1) for f, t in times.items()}
     s.kernels = CONV_DIRECT if chosen is direct else CONV_BIAS_ACT
     return chosen, ()
 

@@ -4,7 +4,7 @@ The generic inference plan (lower.py) runs one library call or kernel per layer,
 through device memory and a launch of a few microseconds; for one image that is most of the
 time.  Where a network's activations for one image fit in shared memory, this backend describes
 its layers as a table (:func:`describe`) that one kernel interprets: the image stays in shared
-memory from the input to the logits, and a thread-block cluster of up to 8 blocks (on as many
+memory from the input to the logits, and a thread-block cluster of up to 16 blocks (on as many
 SMs) shares each layer's work, every block storing its slice of the outputs into every block's
 shared memory.
 
@@ -18,7 +18,7 @@ What the table holds, from the traced nodes:
 
 The table refers to the model's device arrays (weights, biases, running statistics) directly: a
 training step's in-place updates are seen by the next call; a replaced array changes the model's
-structure version, on which :class:`~cydnn.compiler.compiled.CompiledInference` re-plans.
+structure version, on which :class:`~cydnn.compiler.inference.CompiledInference` re-plans.
 
 ``CompiledInference`` times this kernel (at each cluster size) against the generic plan's graph
 for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the choice).
@@ -26,20 +26,21 @@ for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the 
 import numpy as np
 
 from .. import _C
+from .executor import time_calls
 from .trace import slope
 
 __all__ = ["describe", "FusedNetwork", "CLUSTERS", "SMEM_LIMIT"]
 
-#: cluster sizes tried (blocks per image)
-CLUSTERS = (1, 2, 4, 8)
+#: cluster sizes tried (blocks per image; 16 is sm_90's non-portable size)
+CLUSTERS = (1, 2, 4, 8, 16)
 #: shared memory one block may use on sm_90 (bytes), less the kernel's own
 SMEM_LIMIT = 227 * 1024 - 256
 #: threads per block of the kernel (cpp/fused_net.cu's kNetThreads)
 THREADS = 512
 
 _ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
-# tile code -> (output channels, output pixels) per thread, biggest first
-_TILES = ((3, 4, 4), (2, 4, 1), (1, 1, 4), (0, 1, 1))
+# tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first
+_TILES = ((3, 4, 4, 1), (2, 4, 1, 1), (1, 1, 4, 1), (0, 1, 1, 1), (4, 4, 1, 4), (5, 4, 1, 8), (6, 4, 1, 16))
 
 
 def _channels(layer):
@@ -116,14 +117,23 @@ def describe(nodes):
 
 
 def _tile(layer, ranks):
-    """The convolution tile with the fewest instructions on the busiest thread: rounds of work items
-    per thread x instructions per tap (TCO * TP multiply-adds, ~5 per input pixel read with its
-    bounds, one weight read, ~8 of loop and addressing; profiled with ncu: the kernel is bound by
-    instruction issue, not by memory).  Ties go to the bigger tile."""
-    def cost(tco, tp):
+    """The convolution tile with the fewest instructions on the busiest thread (the kernel is bound by
+    instruction issue and latency, not by memory: ncu, docs/performance.md): rounds of work items per
+    thread x taps per item x instructions per tap (TCO * TP multiply-adds, ~5 per input read with its
+    bounds -- times the bank conflicts when G lanes read G planes of the same pixel --, ~9 of weight
+    read, loop and addressing), plus the shuffles that add a split reduction.  Ties go to the first."""
+    ksize = layer["c"] * layer["kh"] * layer["kw"]
+    plane = layer["h"] * layer["w"]
+
+    def cost(tco, tp, g):
         items = -(-layer["k"] // tco) * layer["oh"] * -(-layer["ow"] // tp)
-        return -(-items // (ranks * THREADS)) * (tco * tp + 5 * tp + 9)
-    return min(_TILES, key=lambda t: cost(t[1], t[2]))[0]
+        rounds = -(-items * g // (ranks * THREADS))
+        if g == 1:
+            return rounds * ksize * (tco * tp + 5 * tp + 9)
+        ways = g // min(g, 32 // np.gcd(plane, 32))
+        taps = -(-layer["c"] // g) * layer["kh"] * layer["kw"]
+        return rounds * (taps * (tco + 5 * ways + 9) + 8 * int(np.log2(g)))
+    return min(_TILES, key=lambda t: cost(t[1], t[2], t[3]))[0]
 
 
 def _staged(layer, ranks):
@@ -131,7 +141,7 @@ def _staged(layer, ranks):
     (the channels its share of the work items touches; cpp/fused_net.cu's conv_layer)."""
     if layer["op"] != "conv":
         return 0
-    tco, tp = next((c, p) for code, c, p in _TILES if code == layer["tile"])
+    tco, tp = next((c, p) for code, c, p, _ in _TILES if code == layer["tile"])
     row = layer["oh"] * -(-layer["ow"] // tp)
     items = -(-layer["k"] // tco) * row
     per = -(-items // ranks)
@@ -209,10 +219,6 @@ class FusedNetwork:
         return "\n".join(lines)
 
 
-#: calls timed per candidate when choosing
-TUNE_CALLS = 5
-
-
 class FusedChoice:
     """Per batch bucket, the fused kernel at its fastest cluster size or the generic plan.
 
@@ -225,7 +231,7 @@ class FusedChoice:
 
     def __init__(self, nodes, softmax, mode, capacity):
         self.mode, self.reason, self.net = mode, None, None
-        self.clusters, self.timed_us = {}, {}
+        self.clusters, self.timed_us, self.skipped = {}, {}, {}
         if mode == "off":
             self.reason = "switched off (fused_net='off')"
             return
@@ -244,7 +250,6 @@ class FusedChoice:
 
     def choose(self, bucket, m, x, plan_launch, plan_output, log=None):
         """Choose for ``bucket`` with the plan's input ``x`` (its first ``m`` rows are real)."""
-        import time
         if self.net is None:
             self.clusters[bucket] = None
             return None
@@ -253,7 +258,11 @@ class FusedChoice:
         dy = self.net._dy
         candidates = {}
         for r in CLUSTERS:
-            self.net.forward(x, dy, bucket, r)
+            try:
+                self.net.forward(x, dy, bucket, r)
+            except _C.CydnnError as e:            # e.g. no GPC with 16 free SMs for a 16-block cluster
+                self.skipped[r] = str(e)
+                continue
             got = dy.numpy()[:m * self.net.out_size].reshape(ref.shape)
             tol = 1e-4 * max(1.0, float(np.nanmax(np.abs(ref))) if ref.size else 1.0)
             if not np.allclose(got, ref, rtol=1e-4, atol=tol, equal_nan=True):
@@ -267,15 +276,7 @@ class FusedChoice:
             candidates[r] = (lambda r=r: self.net.forward(x, dy, bucket, r))
         if self.mode == "auto":
             candidates[None] = plan_launch
-        times = {}
-        for key, fn in candidates.items():
-            fn()
-            _C.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(TUNE_CALLS):
-                fn()
-            _C.synchronize()
-            times[key] = (time.perf_counter() - t0) / TUNE_CALLS
+        times = {key: time_calls(fn, 5) for key, fn in candidates.items()}
         chosen = min(times, key=times.get)
         self.timed_us[bucket] = {("plan" if k is None else f"fused/{k}"): round(1e6 * t, 1) for k, t in times.items()}
         self.clusters[bucket] = chosen

@@ -75,7 +75,7 @@ class Parameter:
 #: Bumped whenever something a compiled plan is bound to may have been replaced: a Parameter's array,
 #: a module, parameter or device buffer assigned or deleted through the attribute API.  A plan checks
 #: this one number per call and only on a change compares what it holds, one by one
-#: (``cydnn.compiler.compiled.Signature``).  Values changed in place need no bump: plans read the arrays.
+#: (``cydnn.compiler.binding.Signature``).  Values changed in place need no bump: plans read the arrays.
 _version = [0]
 
 

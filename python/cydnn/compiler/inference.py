@@ -1,0 +1,210 @@
+"""What ``cydnn.compile`` returns for inference: :class:`CompiledInference`.
+
+A plan and graph per batch bucket (binding.py), the hand-fused LeNet-5 kernel for raw images of a
+LeNet-5, and the fused network (fused_net.py) for the buckets where it measures faster.
+"""
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from .. import _C, nn
+from . import fused_net, lenet
+from .binding import _Runner, _build_plan, log, module_buffers, signature
+from .trace import Unsupported, trace
+
+__all__ = ["CompiledInference", "BUCKETS"]
+
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256, 1024)
+
+
+class CompiledInference:
+    """``infer(x)``: network inputs (N, *input_shape) float32 -> outputs (N, ...), numpy or DeviceArray.
+
+    Any N: a plan and graph per size bucket (1, 2, 4, ..., 64, 256, 1024), made on first
+    use; N that is not a bucket runs in the next one up (rows are independent in eval
+    mode); more than 1024 runs in chunks.  ``softmax=True`` appends a softmax.
+    With ``preprocess=(mean, std, pad)`` the inputs are raw images (N, H, W) in [0, 1] or
+    uint8 and a LeNet-5 runs on its fused kernel (one C call, preprocessing included).
+    """
+
+    def __init__(self, model, input_shape, softmax=False, cuda_graph=True, fused=True, preprocess=None,
+                 weak_model=False, **options):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"compile: model must be an nn.Module, got {type(model).__name__}")
+        # A model that keeps its own compiled inference (predict's cache) is referred to weakly, so that
+        # the two make no reference cycle: the device buffers go when the model goes, not at a later GC.
+        self._model = weakref.ref(model) if weak_model else (lambda: model)
+        self.softmax, self.options = bool(softmax), options
+        self.input_shape = tuple(int(s) for s in input_shape)
+        self.cuda_graph, self.fused, self.preprocess = bool(cuda_graph), bool(fused), preprocess
+        nodes = trace(model, self.input_shape, 1)          # refuses what the compiler does not take, now
+        self.out_shape = nodes[-1].out_shape[1:]
+        self.reason = "" if model.device == "cuda" else f"the model is on {model.device!r}"
+        self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
+        self._runners, self._sig, self._lenet, self._fused = {}, None, None, None
+        self.lenet_reason = None
+        mode = options.pop("fused_net", None) or os.environ.get("CYDNN_FUSED_NET", "auto")
+        if mode not in ("auto", "force", "off"):
+            raise ValueError(f"compile: fused_net must be 'auto', 'force' or 'off', got {mode!r}")
+        self.fused_net_mode = mode if fused else "off"
+        self._lock = threading.Lock()
+
+    @property
+    def graph_count(self):
+        """CUDA graphs captured so far (bucket plans, and the fused LeNet-5 predictor's)."""
+        own = sum(r.bound.graph is not None for r in self._runners.values())
+        return own + (self._lenet.graph_count if self._lenet is not None else 0)
+
+    @property
+    def model(self):
+        model = self._model()
+        if model is None:
+            raise ReferenceError("compiled inference: its model no longer exists")
+        return model
+
+    def _fresh(self):
+        device = self.model.device
+        if device != "cuda":
+            raise RuntimeError(f"compiled inference: the model is on {device!r}; compiled inference runs on the "
+                               f"GPU (on the CPU call the model itself, or move it with model.to('cuda'))")
+        if self._sig is None or not self._sig.fresh():
+            self._runners, self._lenet, self._sig, self._fused = {}, None, None, None
+            nodes = trace(self.model, self.input_shape, 1)   # Unsupported if a layer changed into one it can't take
+            self._sig = signature(self.model)
+            self._plan_lenet()
+            if not self.reason:                               # the model is on the GPU
+                self._fused = fused_net.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1])
+
+    def unsupported_reason(self):
+        """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
+        try:
+            with self._lock:
+                self._fresh()
+        except Unsupported as e:
+            return str(e)
+        return None
+
+    def _plan_lenet(self):
+        if self.preprocess is None or not self.fused or not self.softmax:
+            self.lenet_reason = "the fused LeNet-5 kernel needs raw images, softmax and fused=True"
+            return
+        nodes = trace(self.model, self.input_shape, 1)
+        found = lenet.match(nodes, self.input_shape)
+        pad = self.preprocess[2]
+        if isinstance(found, str) or pad != (2 if found[0] else 0):
+            self.lenet_reason = found if isinstance(found, str) else f"input padding {pad} is not LeNet-5's"
+            return
+        mean, std, _ = self.preprocess
+        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph)
+        self.lenet_reason = None
+
+    def _runner(self, n):
+        bucket = next((b for b in BUCKETS if b >= n), BUCKETS[-1])
+        runner = self._runners.get(bucket)
+        if runner is None:
+            plan, _ = _build_plan(self.model, self.input_shape, bucket, False, self.options, softmax=self.softmax)
+            runner = _Runner(plan, module_buffers(self.model, plan), self.cuda_graph)
+            self._runners[bucket] = runner
+        return bucket, runner
+
+    def __call__(self, x):
+        """Outputs for ``x`` (numpy in -> numpy out, DeviceArray in -> DeviceArray out)."""
+        with self._lock:            # the plans' buffers and graphs are shared by the calls
+            return self._call(x)
+
+    def _call(self, x):
+        self._fresh()
+        if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim in (3, 4):
+            return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
+        if self.preprocess is not None and isinstance(x, np.ndarray):
+            x = self._preprocess(x)
+        device_in = isinstance(x, _C.DeviceArray)
+        if not device_in and not isinstance(x, np.ndarray):
+            raise TypeError(f"compiled inference: x must be a numpy array or DeviceArray, got {type(x).__name__}")
+        if x.dtype != np.float32 or tuple(x.shape[1:]) != self.input_shape:
+            raise ValueError(f"compiled inference: x must be float32 (N, {', '.join(map(str, self.input_shape))}),"
+                             f" got {x.dtype} {tuple(x.shape)}")
+        n = x.shape[0]
+        out = _C.empty((n,) + self.out_shape) if device_in else np.empty((n,) + self.out_shape, np.float32)
+        step = BUCKETS[-1]
+        for start in range(0, n, step):
+            chunk = x[start:start + step]
+            m = chunk.shape[0]
+            bucket = next(b for b in BUCKETS if b >= m)
+            cluster = self._fused.cluster(bucket) if self._fused is not None else None
+            if cluster not in (None, "?"):           # the fused network, chosen for this bucket
+                if device_in:
+                    self._fused.net.forward(chunk, out[start:start + m], m, cluster)
+                else:
+                    out[start:start + m] = self._fused.net.run_host(chunk, cluster)
+                continue
+            bucket, runner = self._runner(m)
+            arrays = runner.bound.arrays
+            dst = arrays["x"] if m == bucket else arrays["x"][:m]
+            if device_in:
+                _C.copy_into(dst, chunk)
+            else:
+                dst.set_(chunk)
+            if not runner.ready:
+                runner.prepare(compare=(runner.plan.output,))
+                if not runner.use_graph and self.mode == "graph":
+                    self.mode, self.reason = "steps", runner.reason
+            if cluster == "?":
+                cluster = self._fused.choose(bucket, m, arrays["x"], runner.launch,
+                                             lambda: arrays[runner.plan.output], log)
+                if cluster is not None:
+                    self._fused.net.forward(arrays["x"], self._fused.net._dy, m, cluster)
+                    result = self._fused.net._dy[:m * self._fused.net.out_size].reshape((m,) + self.out_shape)
+                    if device_in:
+                        _C.copy_into(out[start:start + m], result)
+                    else:
+                        out[start:start + m] = result.numpy()
+                    continue
+            runner.launch()
+            result = arrays[runner.plan.output]
+            result = result if m == bucket else result[:m]
+            if device_in:
+                _C.copy_into(out[start:start + m], result)
+            else:
+                out[start:start + m] = result.numpy()
+        return out
+
+    def _preprocess(self, images):
+        mean, std, pad = self.preprocess
+        if images.ndim == 3 and self.input_shape[0] == 1:
+            images = images[:, None]
+        v = images.astype(np.float32)
+        if images.dtype == np.uint8:
+            v /= np.float32(255)
+        if pad:
+            v = np.pad(v, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+        std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        return np.ascontiguousarray((v - mean) / std, dtype=np.float32)
+
+    def plan(self, batch=1):
+        return _build_plan(self.model, self.input_shape, batch, False, self.options, softmax=self.softmax)[0]
+
+    def explain(self, batch=1):
+        self._fresh()
+        text = self.plan(batch).explain()
+        fused = self._fused
+        if fused is not None and fused.net is not None and fused.clusters.get(batch) not in (None, "?"):
+            text = (f"batches of {batch} run the fused network (cluster {fused.clusters[batch]}, timed "
+                    f"{fused.timed_us[batch]} us):\n{fused.net.explain()}\nthe plan it was timed against:\n" + text)
+        if self._lenet is not None:
+            text = ("numpy images run on the fused LeNet-5 kernel (one launch: preprocessing, both convolutions "
+                    "with bias, activation and pooling, fc1-fc3, softmax); DeviceArray inputs run this plan:\n"
+                    + text)
+        return text
+
+    def info(self):
+        fused = self._fused
+        return {"mode": self.mode, "reason": self.reason, "lenet": self.lenet_reason or "fused kernel",
+                "fused_net": (None if fused is None else
+                              {"reason": fused.reason, "clusters": dict(fused.clusters), "timed_us": fused.timed_us}),
+                "buckets": {b: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
+                            for b, r in self._runners.items()}}

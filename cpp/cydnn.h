@@ -136,6 +136,19 @@ cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, si
 cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes);
 
+/* A copy pipe (pipe.cu): two slots, each a pinned input and output buffer, so that
+ * the host copies one chunk of a numpy array into pinned memory while the device
+ * computes the previous one.  upload: wait until the slot's last upload has left its
+ * buffer, copy src (host) into it, queue the copy to dst (device) on the library's
+ * stream.  download: queue the copy of src (device) into the slot's output buffer.
+ * finish: wait for that copy, copy the buffer to dst (host). */
+typedef struct cydnnPipe cydnnPipe;
+cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out);
+cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes);
+cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes);
+cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes);
+void cydnn_pipe_destroy(cydnnPipe *p);
+
 /* ------------------------------------------------------------ convolution */
 /* x (n, c, h, w), weight (k, c, kh, kw), bias (k) or NULL, y (n, k, oh, ow) with
  * oh = (h + 2*pad_h - kh) / stride_h + 1 and likewise ow.  cuDNN, cross-correlation

@@ -203,3 +203,25 @@ def test_auto_mode_records_what_it_timed_and_off_mode_never_runs_it():
     off(np.zeros((1,) + shape, np.float32))
     assert off.info()["fused_net"]["clusters"] == {1: None}
     assert "switched off" in off.info()["fused_net"]["reason"]
+
+
+@gpu
+@pytest.mark.parametrize("mode", ["off", "auto"])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_many_chunks_through_the_copy_pipe_give_the_reference_outputs(mode, contiguous):
+    """Three full chunks and a partial one: the full ones after the first go through cpp/pipe.cu (uploads and
+    downloads overlapping the graph of the chunk before), the partial one through its own bucket."""
+    make, shape = CASES["cnn32"]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape, fused_net=mode)
+    n = 4 * 1024 + 37
+    x = np.random.default_rng(6).standard_normal((n,) + shape).astype(np.float32)
+    if not contiguous:                              # every other image of a twice-as-long array
+        x = np.repeat(x, 2, axis=0)[::2]
+        assert not x.flags.c_contiguous
+    got = infer(x)
+    want = np.concatenate([_reference(model, np.ascontiguousarray(x[i:i + 1024])) for i in range(0, n, 1024)])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * max(1.0, float(np.abs(want).max())))
+    assert infer._pipe is not None
+    again = infer(x[::-1].copy())                   # the same pinned buffers, other data
+    np.testing.assert_allclose(again, got[::-1], rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max())))

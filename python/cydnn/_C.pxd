@@ -314,3 +314,14 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes)
     cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n,
                                           float *y, int cluster)
+
+
+# ------------------------------------------------ the copy pipe (pipe.cu)
+cdef extern from "cydnn.h" nogil:
+    ctypedef struct cydnnPipe:
+        pass
+    cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out)
+    cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes)
+    void cydnn_pipe_destroy(cydnnPipe *p)

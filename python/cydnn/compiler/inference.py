@@ -45,6 +45,7 @@ class CompiledInference:
         self.reason = "" if model.device == "cuda" else f"the model is on {model.device!r}"
         self.mode = "reference" if self.reason else ("graph" if cuda_graph else "steps")
         self._runners, self._sig, self._lenet, self._fused = {}, None, None, None
+        self._pipe = None                   # pinned buffers for inputs of many chunks, made on first use
         self.lenet_reason = None
         mode = options.pop("fused_net", None) or os.environ.get("CYDNN_FUSED_NET", "auto")
         if mode not in ("auto", "force", "off"):
@@ -130,7 +131,43 @@ class CompiledInference:
         n = x.shape[0]
         out = _C.empty((n,) + self.out_shape) if device_in else np.empty((n,) + self.out_shape, np.float32)
         step = BUCKETS[-1]
-        for start in range(0, n, step):
+        starts = list(range(0, n, step))
+        if device_in or len(starts) < 3:
+            self._chunks(x, out, starts, device_in)
+            return out
+        self._chunks(x, out, starts[:1], False)     # plans, captures and chooses the full-size bucket
+        full = [s for s in starts[1:] if s + step <= n]
+        if self._fused is not None and self._fused.cluster(step) is not None:
+            self._chunks(x, out, starts[1:], False)
+            return out
+        self._pipelined(x, out, full)
+        self._chunks(x, out, [s for s in starts[1:] if s + step > n], False)
+        return out
+
+    def _pipelined(self, x, out, starts):
+        """Full-size chunks of a numpy input through the plan's graph with the copies overlapped
+        (cpp/pipe.cu): the host copies chunk k into pinned memory while the device runs chunk k - 1."""
+        step = BUCKETS[-1]
+        _, runner = self._runner(step)
+        xin, res = runner.bound.arrays["x"], runner.bound.arrays[runner.plan.output]
+        if self._pipe is None:
+            self._pipe = _C.Pipe(xin.nbytes, res.nbytes)
+        pipe, pending = self._pipe, None
+        for k, start in enumerate(starts):
+            slot = k % 2
+            pipe.upload(slot, xin, np.ascontiguousarray(x[start:start + step]))
+            runner.launch()
+            pipe.download(slot, res)
+            if pending is not None:
+                pipe.finish(pending[0], out[pending[1]:pending[1] + step])
+            pending = (slot, start)
+        if pending is not None:
+            pipe.finish(pending[0], out[pending[1]:pending[1] + step])
+
+    def _chunks(self, x, out, starts, device_in):
+        """The chunks of ``x`` at ``starts`` one after the other, each on its bucket's backend."""
+        step = BUCKETS[-1]
+        for start in starts:
             chunk = x[start:start + step]
             m = chunk.shape[0]
             bucket = next(b for b in BUCKETS if b >= m)
@@ -170,7 +207,7 @@ class CompiledInference:
                 _C.copy_into(out[start:start + m], result)
             else:
                 out[start:start + m] = result.numpy()
-        return out
+
 
     def _preprocess(self, images):
         mean, std, pad = self.preprocess

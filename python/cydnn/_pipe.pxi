@@ -1,0 +1,34 @@
+# _pipe.pxi -- the copy pipe (cpp/pipe.cu), included by _C.pyx: numpy chunks up and results down
+# while the device computes the chunk before (CompiledInference uses it for inputs of many chunks).
+
+
+cdef class Pipe:
+    """Two slots of pinned buffers of ``in_bytes`` and ``out_bytes`` (cydnn_pipe_*)."""
+    cdef cydnnPipe *p
+    cdef readonly size_t in_bytes, out_bytes
+
+    def __cinit__(self, size_t in_bytes, size_t out_bytes):
+        self.p = NULL
+        self.in_bytes, self.out_bytes = in_bytes, out_bytes
+        check(cydnn_pipe_create(ctx(), in_bytes, out_bytes, &self.p), "pipe")
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            cydnn_pipe_destroy(self.p)
+            self.p = NULL
+
+    def upload(self, int slot, DeviceArray dst not None, cnp.ndarray src not None):
+        """dst (device) <- src (host, C-contiguous, the same number of bytes), through slot's buffer."""
+        if not src.flags.c_contiguous or <size_t>src.nbytes != dst.nbytes:
+            raise ValueError(f"pipe.upload: src must be C-contiguous with {dst.nbytes} bytes, got {src.nbytes}")
+        check(cydnn_pipe_upload(self.p, slot, dst.data(), cnp.PyArray_DATA(src), src.nbytes), "pipe")
+
+    def download(self, int slot, DeviceArray src not None):
+        """Queue src (device) into slot's output buffer."""
+        check(cydnn_pipe_download(self.p, slot, src.data(), src.nbytes), "pipe")
+
+    def finish(self, int slot, cnp.ndarray dst not None):
+        """Wait for slot's download and copy it into dst (host, C-contiguous, the downloaded bytes)."""
+        if not dst.flags.c_contiguous:
+            raise ValueError("pipe.finish: dst must be C-contiguous")
+        check(cydnn_pipe_finish(self.p, slot, cnp.PyArray_DATA(dst), dst.nbytes), "pipe")

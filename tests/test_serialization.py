@@ -306,3 +306,50 @@ def test_checkpoint_error_is_a_value_error():
     buf = io.BytesIO()                                   # sanity: the helper writes real npz files
     np.savez(buf, a=np.zeros(1))
     assert buf.getvalue()[:4] == b"PK\x03\x04"
+
+
+def _counters(model):
+    return {k: v for k, v in model.state_dict().items() if k.endswith("num_batches_tracked")}
+
+
+def test_batch_counters_above_2_to_the_24_survive_a_round_trip(tmp_path):
+    """Format 1 stored num_batches_tracked as float32: 2**24 + 1 came back as 2**24 (found by mutation
+    testing).  Format 2 keeps integer entries as int64."""
+    model = models.SmallCNN(widths=(4, 8), convs_per_block=1)
+    for m in model.modules():
+        if getattr(m, "num_batches_tracked", None) is not None:
+            m.num_batches_tracked = np.array(2 ** 24 + 1, np.int64)
+    path = cydnn.save(model, tmp_path / "bn.npz")
+    with np.load(path) as npz:
+        stored = {k: npz[k] for k in npz.files if k.endswith("num_batches_tracked")}
+        assert int(npz["format_version"]) == 2
+    assert stored and all(v.dtype == np.int64 for v in stored.values())
+    loaded = serialization.load(path)
+    assert all(int(v) == 2 ** 24 + 1 for v in _counters(loaded).values()) and _counters(loaded)
+
+
+def test_a_format_1_checkpoint_with_float_counters_still_loads(tmp_path):
+    model = models.SmallCNN(widths=(4, 8), convs_per_block=1)
+    path = cydnn.save(model, tmp_path / "new.npz")
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["format_version"] = np.array(1, np.int64)
+    for k in arrays:
+        if k.endswith("num_batches_tracked"):
+            arrays[k] = np.array(7, np.float32)
+    old = tmp_path / "old.npz"
+    np.savez(old, **arrays)
+    assert all(int(v) == 7 for v in _counters(serialization.load(old)).values())
+
+
+def test_an_integer_array_where_a_weight_belongs_is_refused(tmp_path):
+    model = models.SmallCNN(widths=(4, 8), convs_per_block=1)
+    path = cydnn.save(model, tmp_path / "m.npz")
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    name = next(k for k in arrays if k.endswith(".weight"))
+    arrays[name] = arrays[name].astype(np.int64)
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(CheckpointError, match=r"parameter '.*weight' has dtype int64, expected float32"):
+        serialization.load(bad)

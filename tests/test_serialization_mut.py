@@ -169,7 +169,8 @@ def test_format_version_must_be_an_integer_scalar(tmp_path):
     p = str(write_npz(tmp_path / "f.npz", **entries(format_version=np.array(1.0))))
     assert refused(p) == f"{p}: 'format_version' should be an integer scalar, got dtype float64, shape ()"
     p = str(write_npz(tmp_path / "g.npz", **entries(format_version=np.array(99))))
-    assert refused(p) == f"{p}: checkpoint format 99 is newer than this cydnn reads (1); upgrade cydnn"
+    assert refused(p) == (f"{p}: checkpoint format 99 is newer than this cydnn reads "
+                          f"({serialization.FORMAT_VERSION}); upgrade cydnn")
     assert refused(p, serialization.load_metadata).startswith(f"{p}: checkpoint format 99 is newer")
 
 

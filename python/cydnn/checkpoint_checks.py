@@ -15,7 +15,7 @@ from ._filesafe import loads_json
 __all__ = ["CheckpointError", "check_format", "json_entry", "check_config", "MAX_CLASSES",
            "MAX_LIST_LENGTH", "MAX_STRING_LENGTH"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: integer state entries (num_batches_tracked) as int64, not float32
 #: Largest num_classes a config may ask for.
 MAX_CLASSES = 100_000
 #: Longest list (e.g. MLP sizes, SmallCNN widths) and string a config argument may hold.

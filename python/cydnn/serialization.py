@@ -7,7 +7,12 @@ Layout of the archive (every entry a plain numpy array)::
                       {"arch": "LeNet5", "classic": false, "num_classes": 10, ...}
     metadata          unicode scalar: JSON {"cydnn_version": ..., "created": ISO date,
                       plus the caller's entries (accuracy, epochs, ...)}
-    param/<name>      float32 array for each state_dict key, e.g. param/conv1.weight
+    param/<name>      an array for each state_dict key, e.g. param/conv1.weight: float32, or
+                      int64 for an integer entry (batch norm's num_batches_tracked)
+
+Format 2 (this version) keeps integer entries as int64; format 1 stored them as float32
+too, which rounds a counter above 2**24 (16,777,217 read back as 16,777,216): format-1
+files still load, with the counter as they hold it.
 
 The file is written exactly at the path given (no ``.npz`` is appended) and
 atomically: into a temporary file beside it, flushed and fsync'ed, then
@@ -66,7 +71,8 @@ def save(model, path, metadata=None):
 
     ``metadata``: a dict of JSON-able values (numpy scalars are fine), merged
     over the defaults ``cydnn_version`` and ``created`` (UTC, ISO 8601).
-    Weights are stored as float32 whatever the model's dtype or device.
+    Weights are stored as float32 whatever the model's dtype or device; integer
+    entries (counters) as int64.
     The write is atomic; on any failure the temporary file is removed and an
     existing file at ``path`` is left untouched.  Returns ``path`` as a str.
     """
@@ -87,7 +93,8 @@ def save(model, path, metadata=None):
         "metadata": np.array(json.dumps(meta, default=_json_default)),
     }
     for name, value in model.state_dict().items():
-        arrays[PARAM_PREFIX + name] = value.astype(np.float32)
+        value = np.asarray(value)
+        arrays[PARAM_PREFIX + name] = value.astype(np.int64 if value.dtype.kind in "iub" else np.float32)
 
     tmp = tempfile.NamedTemporaryFile(dir=directory, prefix="." + os.path.basename(path) + ".",
                                       suffix=".tmp", delete=False)
@@ -245,7 +252,8 @@ def _load(entries, path, device, models):
         raise CheckpointError(f"{path}: cannot build {config['arch']} from config {config!r:.300}: "
                               f"{type(e).__name__}: {e}") from e
 
-    expected = {name: tuple(v.shape) for name, v in model.state_dict().items()}
+    reference = model.state_dict()
+    expected = {name: tuple(v.shape) for name, v in reference.items()}
     # A parameter's member holds at most float64 data: a larger one is refused unallocated.
     entries.limits.update({PARAM_PREFIX + name: math.prod(shape) * 8 for name, shape in expected.items()})
     names = [key[len(PARAM_PREFIX):] for key in entries.names() if key.startswith(PARAM_PREFIX)]
@@ -265,8 +273,10 @@ def _load(entries, path, device, models):
     state = {}
     for name in shapes:
         value = entries[PARAM_PREFIX + name]
-        if value.dtype.kind != "f":
-            raise CheckpointError(f"{path}: parameter {name!r} has dtype {value.dtype}, expected float32")
+        integer = np.asarray(reference[name]).dtype.kind in "iub"
+        if value.dtype.kind != "f" and not (integer and value.dtype.kind in "iu"):
+            raise CheckpointError(f"{path}: parameter {name!r} has dtype {value.dtype}, expected "
+                                  f"{'int64 (or float32 in format 1)' if integer else 'float32'}")
         state[name] = value
     try:
         model.load_state_dict(state, strict=True)

@@ -323,3 +323,19 @@ def test_export_refuses_to_replace_a_foreign_folder(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["link", "mine"]
     with pytest.raises(ValueError, match="unknown format"):
         cydnn.export_weights(models.LeNet5(), tmp_path / "x", format="pt")
+
+
+@pytest.mark.parametrize("fmt", ["npz", "safetensors", "txt"])
+def test_exported_batch_counters_stay_exact_above_2_to_the_24(tmp_path, fmt):
+    """num_batches_tracked is int64 in PyTorch; exported as float32 it rounded 2**24 + 1 to 2**24."""
+    if fmt == "safetensors":
+        pytest.importorskip("safetensors")
+    model = models.SmallCNN(widths=(4, 8), convs_per_block=1)
+    bns = [m for m in model.modules() if getattr(m, "num_batches_tracked", None) is not None]
+    for m in bns:
+        m.num_batches_tracked = np.array(2 ** 24 + 1, np.int64)
+    path = cydnn.export_weights(model, tmp_path / f"w.{fmt}", format=fmt)
+    fresh = models.SmallCNN(widths=(4, 8), convs_per_block=1)
+    cydnn.load_pytorch_weights(fresh, path)
+    counters = [int(m.num_batches_tracked) for m in fresh.modules() if getattr(m, "num_batches_tracked", None) is not None]
+    assert counters == [2 ** 24 + 1] * len(bns) and bns

@@ -352,7 +352,8 @@ def export_weights(model, path, format="npz"):
     or ``"bin"`` (a folder at ``path`` with one ``<name>.txt`` / ``<name>.bin``
     file per parameter: the flattened tensor as text, 9 significant digits, or
     as raw little-endian float32).  Values are float32 whatever the model's
-    dtype or device.  The write is atomic: a temporary file or folder beside
+    dtype or device; integer entries (batch norm's ``num_batches_tracked``) stay
+    int64 as PyTorch keeps them, except in ``.bin`` files (float32: exact below 2**24).  The write is atomic: a temporary file or folder beside
     ``path`` is filled, then renamed over it, so ``path`` never holds half an
     export; an existing folder is replaced only if it holds nothing but
     ``*.txt`` / ``*.bin`` files.  Every parameter name is checked
@@ -363,8 +364,12 @@ def export_weights(model, path, format="npz"):
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}: expected one of {FORMATS}")
     path = os.fspath(path)
-    # np.array, not np.ascontiguousarray, which makes a 0-d buffer (num_batches_tracked) 1-d
-    state = {check_name(name, WeightsError, f"export to {path}"): np.array(value, dtype=np.float32, order="C")
+    # np.array, not np.ascontiguousarray, which makes a 0-d buffer (num_batches_tracked) 1-d.  Integer
+    # entries (that counter) stay int64 as in PyTorch, except in raw float32 .bin files.
+    def _array(value):
+        integer = np.asarray(value).dtype.kind in "iub" and format != "bin"
+        return np.array(value, dtype=np.int64 if integer else np.float32, order="C")
+    state = {check_name(name, WeightsError, f"export to {path}"): _array(value)
              for name, value in model.state_dict().items()}
     if format == "npz":
         def write(tmp):

@@ -9,6 +9,8 @@ Buffers: ``x`` the input, ``a{i}`` the output of group i, ``g{i}`` its gradient 
 Every step is one call of the library (the reference ops' C functions, or the compiler's
 kernels in cpp/compiled.cu), listed with the kernels it launches.
 """
+import math
+
 from .ir import Plan
 from .passes import ACTIVATIONS
 from .trace import slope as _slope
@@ -22,6 +24,18 @@ CONV_BIAS_ACT = (_CONV_FWD, "bias_act_forward_kernel")
 CONV_DIRECT = ("direct_conv_kernel",)
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
 _GEMM = "cublasSgemm"
+
+
+#: values of one channel a block of cydnn_bias_act_backward reduces (cpp/compiled.cu's kChunk)
+ACT_BACKWARD_CHUNK = 8192
+
+
+def _act_backward_kernels(shape, bias):
+    """What cydnn_bias_act_backward launches for an output of ``shape``: the activation derivative and
+    each block's partial bias sums, plus a kernel adding the partials when a channel spans several blocks."""
+    per_channel = shape[0] * math.prod(shape[2:])
+    chunks = -(-per_channel // ACT_BACKWARD_CHUNK)
+    return ("act_backward_partial_kernel",) + (("bias_sum_kernel",) if bias and chunks > 1 else ())
 
 
 def param_names(groups):
@@ -159,7 +173,7 @@ def _backward(plan, i, group, x, y, dy, dx):
         if act or has_bias:
             writes = ((dy,) if act else ()) + (("d:" + name + ".bias",) if has_bias else ())
             plan.add("bias_act_backward", f"{name} {'act + ' if act else ''}bias backward", (y, dy), writes,
-                     ("bias_act_backward_kernel",), act=act, slope=slope, dx=dy if act else None,
+                     _act_backward_kernels(node.out_shape, has_bias), act=act, slope=slope, dx=dy if act else None,
                      dbias=("d:" + name + ".bias") if has_bias else None)
         if op == "conv2d":
             kernels = (("cudnnConvolutionBackwardData",) if dx else ()) + ("cudnnConvolutionBackwardFilter",)
@@ -172,7 +186,7 @@ def _backward(plan, i, group, x, y, dy, dx):
     elif op == "batch_norm":
         if act:
             plan.add("bias_act_backward", f"{name} {group['act'].op} backward", (y, dy), (dy,),
-                     ("bias_act_backward_kernel",), act=act, slope=slope, dx=dy, dbias=None)
+                     _act_backward_kernels(node.out_shape, False), act=act, slope=slope, dx=dy, dbias=None)
         if dx is None:          # cuDNN's backward always writes dx: give it a buffer of its own
             dx = plan.buffer(f"bn_dx{i}", node.in_shape, role="grad")
         saved = (f"bnmean{i}", f"bnistd{i}")
@@ -184,8 +198,8 @@ def _backward(plan, i, group, x, y, dy, dx):
         return
     elif op in ACTIVATIONS:
         a, s = ACTIVATIONS[op], _slope(node.module)
-        plan.add("bias_act_backward", f"{name} {op} backward", (y, dy), (dx,), ("bias_act_backward_kernel",),
-                 act=a, slope=s, dx=dx, dbias=None)
+        plan.add("bias_act_backward", f"{name} {op} backward", (y, dy), (dx,),
+                 _act_backward_kernels(node.out_shape, False), act=a, slope=s, dx=dx, dbias=None)
     elif op == "max_pool":
         plan.add("max_pool_backward", f"{name} max_pool backward", (x, dy), (dx,), ("max_pool_backward_kernel",),
                  **node.attrs)

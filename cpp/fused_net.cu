@@ -34,6 +34,10 @@ namespace {
 constexpr int kNetThreads = 512;
 constexpr const char *kOp = "fused_net_forward";
 
+// Thread-block clusters and distributed shared memory are sm_90's: for older targets the kernel
+// is an empty body the host never launches (cydnn_fused_net_forward refuses those devices first).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define CYDNN_FUSED_NET_CLUSTERS 1
 __device__ __forceinline__ float activate(float v, int act, float slope) {
     switch (act) {
         case CYDNN_ACT_RELU: return fmaxf(v, 0.0f);
@@ -378,9 +382,12 @@ __device__ void epilogue_layer(const cydnnNetLayer &L, const float *in, float *n
         store_all(cluster, next, ranks, i, epilogue(L, in[i], (int)(i / inner)));
 }
 
+#endif  // clusters
+
 __global__ void __launch_bounds__(kNetThreads)
     fused_net_kernel(const __grid_constant__ cydnnNet net, const float *__restrict__ x, int n,
                      float *__restrict__ y, int buf_floats) {
+#ifdef CYDNN_FUSED_NET_CLUSTERS
     extern __shared__ float smem[];
     __shared__ float red[32];
     cg::cluster_group cluster = cg::this_cluster();
@@ -434,6 +441,7 @@ __global__ void __launch_bounds__(kNetThreads)
     s = 0.0f;
     for (int w = 0; w < warps; ++w) s += red[w];
     for (long i = threadIdx.x; i < out_size; i += blockDim.x) dst[i] = expf(cur[i] - m) / s;
+#endif
 }
 
 long layer_in(const cydnnNetLayer &L) { return (long)L.c * L.h * L.w; }
@@ -502,7 +510,10 @@ cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, co
     // Both calls are idempotent, so two threads racing here do no harm.
     static std::atomic<int> limit{0};
     if (limit.load() == 0) {
-        int l = 0;
+        int l = 0, major = 0;
+        CYDNN_CUDA(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device));
+        CYDNN_REQUIRE(op, major >= 9, "the fused network needs thread-block clusters (compute capability 9.0 or "
+                      "newer), this device has %d.x", major);
         CYDNN_CUDA(op, cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
         CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             l - (int)(32 * sizeof(float))));

@@ -274,6 +274,11 @@ class FusedChoice:
                 self.clusters[bucket] = None
                 return None
             candidates[r] = (lambda r=r: self.net.forward(x, dy, bucket, r))
+        if not candidates:                       # no cluster size launches here (e.g. a GPU older than sm_90)
+            self.reason = "the fused kernel cannot run here: " + "; ".join(sorted(set(self.skipped.values())))
+            self.net = None
+            self.clusters[bucket] = None
+            return None
         if self.mode == "auto":
             candidates[None] = plan_launch
         times = {key: time_calls(fn, 5) for key, fn in candidates.items()}

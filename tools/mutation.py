@@ -165,8 +165,13 @@ def run_module(name, scratch_root, args):
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
         shutil.rmtree(scratch / "tests")               # today's tests; the mutated sources stay as they were
         shutil.copytree(ROOT / "tests", scratch / "tests", ignore=ignore, symlinks=True)
-        if f"pytest_add_cli_args_test_selection = {_toml_list(tests)}" not in (scratch / "pyproject.toml").read_text():
-            print(f"{name:14s} note: the table's test files changed since that run; it keeps the old list")
+        toml = (scratch / "pyproject.toml").read_text()
+        line = f"pytest_add_cli_args_test_selection = {_toml_list(tests)}"
+        if line not in toml:       # test files added since that run: select today's list
+            toml = "\n".join(line if ln.startswith("pytest_add_cli_args_test_selection =") else ln
+                             for ln in toml.splitlines()) + "\n"
+            (scratch / "pyproject.toml").write_text(toml)
+            print(f"{name:14s} note: the table's test files changed since that run; today's list is used")
         print(f"{name:14s} re-testing {len(again)} survivors against today's tests ...", flush=True)
         if not again:
             return read_score(name, scratch, args, 0.0, None, sources, tests)

@@ -642,3 +642,10 @@ def test_softmax_layer_has_no_backward():
     x = X4
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(Softmax()(x), e / e.sum(axis=1, keepdims=True), rtol=1e-6, atol=1e-7)
+
+
+def test_conv_1x1_with_padding_wider_than_half_the_kernel(tmp_path):
+    # a pooling window may pad at most half the kernel; a convolution may pad more
+    w = RNG.standard_normal((3, 2, 1, 1)).astype(np.float32)
+    model = agrees(write(tmp_path, [conv(pads=[1, 2, 1, 2])], {"cw": w, "cb": CB}, shape=("N", 2, 6, 7)), XI)
+    assert model[0].kernel_size == (1, 1)

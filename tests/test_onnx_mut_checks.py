@@ -321,3 +321,27 @@ def test_the_model_is_in_training_mode_on_the_cpu(tmp_path):
     model = cydnn.load_onnx(write(tmp_path, [gemm()], WB))
     assert model.training and model.device == "cpu"
     assert list(model.state_dict()) == ["fc1.weight", "fc1.bias"]    # "w" is no <layer>.weight name
+
+
+# ------------------------------------------------------------------ second round
+def test_negative_dimension_message_shows_symbolic_dims_as_none(tmp_path):
+    path = write(tmp_path, [gemm()], WB, inputs=[vi("x", ["N", -4])])
+    assert refused(path) == f"{path}: graph input 'x' has a negative dimension [None, -4]"
+
+
+def test_a_tensor_onnx_cannot_convert(tmp_path):
+    t = numpy_helper.from_array(W, "w")
+    t.segment.begin, t.segment.end = 0, 12          # numpy_helper.to_array refuses segments
+    path = write(tmp_path, [gemm()], (t, ("b", B)))
+    assert refused(path) == (f"{path}: node 0 ('fc', Gemm): tensor 'w' cannot be read (ValueError: Currently not "
+                             f"supporting loading segments.)")
+
+
+def test_missing_onnx_package_message(monkeypatch, tmp_path):
+    path = write(tmp_path, [gemm()], WB)
+    monkeypatch.setitem(__import__("sys").modules, "onnx", None)
+    with pytest.raises(ImportError) as info:
+        cydnn.load_onnx(path)
+    assert str(info.value) == ("cydnn.load_onnx needs the 'onnx' package: pip install onnx  "
+                               "(or pip install 'cydnn[onnx]')")
+    assert isinstance(info.value.__cause__, ImportError)

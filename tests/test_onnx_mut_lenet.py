@@ -167,3 +167,23 @@ def test_a_lone_softmax_or_layers_without_a_linear_are_a_sequential(tmp_path):
     assert type(model) is nn.Sequential and [type(m) for m in model] == [Softmax]
     x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
     np.testing.assert_allclose(run(model, x), reference(path, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("change", [{"pool_s": 1}, {"conv_stride": 2}])
+def test_a_stride_alone_tells_when_sizes_are_unknown(tmp_path, change):
+    # with a symbolic height and width no size gives the change away: only the layers' signatures
+    path, inits = lenet_graph(tmp_path, spatial=["H", "W"])
+    proto = onnx.load(path)
+    for n in proto.graph.node:
+        if "pool_s" in change and n.op_type == "MaxPool":
+            n.attribute.remove(next(a for a in n.attribute if a.name == "strides"))
+            n.attribute.append(helper.make_attribute("strides", [1, 1]))
+        if "conv_stride" in change and n.op_type == "Conv" and n.input[1] == "layer1.weight":
+            n.attribute.append(helper.make_attribute("strides", [2, 2]))
+    onnx.save(proto, path)
+    model = cydnn.load_onnx(path, normalize=None)
+    assert type(model) is nn.Sequential
+    # the input size whose features the fc1 weight (256) takes
+    side = 14 if "pool_s" in change else 56
+    x = np.random.default_rng(1).standard_normal((2, 1, side, side)).astype(np.float32)
+    np.testing.assert_allclose(run(model, x), reference(path, x), rtol=1e-4, atol=1e-4)

@@ -143,7 +143,9 @@ cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t 
  * stream.  download: queue the copy of src (device) into the slot's output buffer.
  * finish: wait for that copy, copy the buffer to dst (host). */
 typedef struct cydnnPipe cydnnPipe;
-cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out);
+cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,
+                                cydnnPipe **out);   /* threads: 0 = automatic */
+int cydnn_pipe_threads(const cydnnPipe *p);   /* host threads that fill a slot */
 cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes);

@@ -320,7 +320,9 @@ cdef extern from "cydnn.h" nogil:
 cdef extern from "cydnn.h" nogil:
     ctypedef struct cydnnPipe:
         pass
-    cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out)
+    cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,
+                                    cydnnPipe **out)
+    int cydnn_pipe_threads(const cydnnPipe *p)
     cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes)

@@ -4,7 +4,8 @@
 of cpp/*.cu (a ``__global__`` function the step's C function launches) or a cuDNN / cuBLAS entry
 point that C function calls, and the counts must follow the layers.  (The first version of the
 activation-backward step named a ``bias_act_backward_kernel`` that does not exist: the call
-launches ``act_backward_partial_kernel`` and, when a channel spans several blocks, ``bias_sum_kernel``.)
+launches ``act_backward_partial_kernel`` and, when a channel spans several blocks, ``bias_sum_kernel``;
+without a bias, ``act_backward_kernel`` alone.)
 """
 import math
 import pathlib
@@ -55,14 +56,16 @@ def test_every_kernel_a_plan_names_is_launched_or_called_by_its_step(key):
                 assert re.search(rf"\b{kernel}\s*\(", text), (key, step.kind, kernel)
             else:
                 assert kernel in GLOBALS, (key, step.kind, kernel)
-                assert re.search(rf"\b{kernel}\s*<<<", text), (key, step.kind, kernel)
+                assert re.search(rf"\b{kernel}\s*(<[\w\s,]*>)?<<<", text), (key, step.kind, kernel)   # templates too
 
 
 def test_the_activation_backward_names_the_bias_sum_only_when_a_channel_spans_several_blocks():
+    # without a bias (a convolution followed by batch norm): one element-wise kernel, whatever the size
+    assert lower._act_backward_kernels((64, 6, 24, 24), False) == ("act_backward_kernel",)
+    assert lower._act_backward_kernels((2, 16, 8, 8), False) == ("act_backward_kernel",)
     assert lower._act_backward_kernels((2, 16, 8, 8), True) == ("act_backward_partial_kernel",)     # 128 values a channel
     # 64 * 24 * 24 = 36,864 values a channel: five blocks of 8,192, their partial sums added by a second kernel
     assert lower._act_backward_kernels((64, 6, 24, 24), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
-    assert lower._act_backward_kernels((64, 6, 24, 24), False) == ("act_backward_partial_kernel",)
     n = lower.ACT_BACKWARD_CHUNK                    # exactly one block's worth: still one kernel
     assert lower._act_backward_kernels((n, 3), True) == ("act_backward_partial_kernel",)
     assert lower._act_backward_kernels((n + 1, 3), True)[-1] == "bias_sum_kernel"

@@ -31,11 +31,14 @@ ACT_BACKWARD_CHUNK = 8192
 
 
 def _act_backward_kernels(shape, bias):
-    """What cydnn_bias_act_backward launches for an output of ``shape``: the activation derivative and
-    each block's partial bias sums, plus a kernel adding the partials when a channel spans several blocks."""
+    """What cydnn_bias_act_backward launches for an output of ``shape``: without a bias, one element-wise
+    kernel; with one, the activation derivative and each block's partial bias sums, plus a kernel adding
+    the partials when a channel spans several blocks."""
+    if not bias:
+        return ("act_backward_kernel",)
     per_channel = shape[0] * math.prod(shape[2:])
     chunks = -(-per_channel // ACT_BACKWARD_CHUNK)
-    return ("act_backward_partial_kernel",) + (("bias_sum_kernel",) if bias and chunks > 1 else ())
+    return ("act_backward_partial_kernel",) + (("bias_sum_kernel",) if chunks > 1 else ())
 
 
 def param_names(groups):

@@ -249,6 +249,15 @@ cdef extern from "cydnn.h" nogil:
                                          int n, int channels, size_t inner, int act, float slope)
     cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
                                           float *dbias, int n, int channels, size_t inner, int act, float slope)
+    cydnnStatus_t cydnn_bn_act_forward_train(cydnnContext *ctx, const float *x, const float *gamma,
+                                             const float *beta, float *running_mean, float *running_var,
+                                             double factor, double eps, float *y, float *save_mean,
+                                             float *save_inv_std, int n, int channels, size_t inner, int act,
+                                             float slope)
+    cydnnStatus_t cydnn_bn_act_backward(cydnnContext *ctx, const float *x, const float *y, const float *dy,
+                                        const float *gamma, const float *save_mean, const float *save_inv_std,
+                                        float *dx, float *dgamma, float *dbeta, int n, int channels, size_t inner,
+                                        int act, float slope)
     ctypedef cydnnLeNetCounters cydnnStepCounters
     ctypedef struct cydnnFlatUpdate:
         float *param

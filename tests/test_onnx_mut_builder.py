@@ -162,7 +162,7 @@ def test_conv_weight_shape_refusals(tmp_path, shape, problem):
 def test_conv_without_weight_and_bias_of_wrong_shape(tmp_path):
     path = write(tmp_path, [node("Conv", ["x"], ["y"], "conv")], {}, shape=("N", 2, 6, 7))
     assert refused(path) == f"{path}: node 0 ('conv', Conv): needs a 4-D weight without empty axes, got None"
-    for bshape, shown in [((4,), (4,)), ((3, 1), (3, 1)), ((), (1,))]:     # as_weight makes a scalar 1-D
+    for bshape, shown in [((4,), (4,)), ((3, 1), (3, 1)), ((), ())]:
         path = write(tmp_path, [conv()], {"cw": CW, "cb": np.ones(bshape, np.float32)}, shape=("N", 2, 6, 7),
                      name="b.onnx")
         assert refused(path) == (f"{path}: node 0 ('conv', Conv): bias of shape {shown} does not fit 3 output "
@@ -780,3 +780,29 @@ def test_batchnorm_named_after_its_scale(tmp_path):
              "m": np.zeros(3, np.float32), "v": np.ones(3, np.float32)}
     model = agrees(write(tmp_path, [n], inits, shape=("N", 3, 4, 5)), XB)
     assert names(model) == ["features.1"]
+
+
+def test_a_scalar_where_onnx_wants_1d_is_refused_with_its_shape(tmp_path):
+    # as_weight once made a 0-d tensor 1-D: a scalar Conv bias (or BatchNorm constant) of a 1-channel
+    # layer passed the (channels,) checks, and the messages showed (1,) for the file's ()
+    w = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    path = write(tmp_path, [conv()], {"cw": w, "cb": np.array(0.5, np.float32)}, shape=("N", 2, 6, 7))
+    assert refused(path) == (f"{path}: node 0 ('conv', Conv): bias of shape () does not fit 1 output channels "
+                             f"(it must be 1-D)")
+    path = write(tmp_path, [gemm(b=None)], {"w": np.array(2.0, np.float32)}, name="g.onnx")
+    assert refused(path) == f"{path}: node 0 ('fc', Gemm): needs a 2-D weight, got ()"
+    if hasattr(nn, "BatchNorm2d"):
+        values = {"s": np.array(1.0, np.float32), "bb": np.zeros(1, np.float32), "m": np.zeros(1, np.float32),
+                  "v": np.ones(1, np.float32)}
+        path = bn_path(tmp_path, values=values, shape=("N", 1, 4, 5), name="bn1.onnx")
+        assert refused(path) == (f"{path}: node 0 ('bn', BatchNormalization): the scale must be a constant of shape "
+                                 f"(channels,) = (1,), got ()")
+
+
+def test_a_scalar_gemm_bias_is_one_bias_for_every_output(tmp_path):
+    # ONNX broadcasts a scalar C to every output (unidirectional broadcasting)
+    model = agrees(write(tmp_path, [gemm()], {"w": W, "b": np.array(0.75, np.float32)}), X4)
+    np.testing.assert_array_equal(model[0].bias.data, np.full(3, 0.75, np.float32))
+    nodes = [node("MatMul", ["x", "w"], ["m"], "mm"), node("Add", ["m", "b"], ["y"], "add")]
+    model = agrees(write(tmp_path, nodes, {"w": W.T.copy(), "b": np.array(-1.5, np.float32)}, name="a.onnx"), X4)
+    np.testing.assert_array_equal(model[0].bias.data, np.full(3, -1.5, np.float32))

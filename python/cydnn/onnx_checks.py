@@ -136,9 +136,11 @@ def tensor_array(onnx, tensor, where):
 
 
 def as_weight(array, what):
-    """``array`` as float32 for a layer: a real numeric array whose integers float32 holds exactly."""
+    """``array`` as float32 for a layer: a real numeric array whose integers float32 holds exactly.
+    Its shape is kept, a 0-d scalar included (``np.ascontiguousarray`` would make it 1-D, and a
+    scalar where ONNX wants a 1-D tensor would pass the layer's shape checks)."""
     array = np.asarray(array)
     if array.dtype.kind not in "fiu":
         raise OnnxImportError(f"{what} has dtype {array.dtype}; a weight must be a real number array")
     check_lossless(array, OnnxImportError, what)
-    return np.ascontiguousarray(array, dtype=np.float32)
+    return np.asarray(array, dtype=np.float32, order="C")

@@ -96,7 +96,8 @@ def test_training_steps_of_a_small_network():
     assert {n: b[n].role for n in params} == dict.fromkeys(params, "param")
     assert {n: b["d:" + n].role for n in params} == dict.fromkeys(params, "param_grad")
     assert b["5.running_mean"].role == b["5.running_var"].role == "param"
-    assert all(b[f"g{i}"].role == "grad" for i in (0, 1, 2, 4, 5, 6))
+    assert all(b[f"g{i}"].role == "grad" for i in range(7))      # g3 too: a view of g4 (the Flatten's)
+    assert all(b[f"a{i}"].role == "act" for i in range(7)) and b["bnmean3"].role == b["bnistd3"].role == "act"
     assert "g-1" not in b and plan.mode == "train" and plan.batch == 2
 
 
@@ -118,6 +119,13 @@ def test_inference_steps_fold_and_alias():
                                       eps=1e-5)
     assert plan.steps[3].args == dict(act=2, slope=0.0)
     assert plan.output == "a5" and plan.mode == "infer" and plan.batch == 3
+    assert {n: (v.role, v.shape) for n, v in b.items()} == {
+        "x": ("input", (3, 1, 4, 4)), "0.weight": ("param", (3, 1, 3, 3)), "0.bias": ("param", (3,)),
+        "4.weight": ("param", (5, 12)), "4.bias": ("param", (5,)), "5.weight": ("param", (5,)),
+        "5.bias": ("param", (5,)), "7.weight": ("param", (2, 5)), "5.running_mean": ("param", (5,)),
+        "5.running_var": ("param", (5,)), "a0": ("act", (3, 3, 2, 2)), "a1": ("act", (3, 3, 2, 2)),
+        "a2": ("act", (3, 12)), "a3": ("act", (3, 12)), "wfold4": ("scratch", (5, 12)), "bfold4": ("scratch", (5,)),
+        "a4": ("act", (3, 5)), "a5": ("act", (3, 2))}
     soft = _build_plan(chained(), (1, 4, 4), 3, False, {}, softmax=True)[0]
     assert _steps(soft)[-1] == ("softmax", "softmax", ("a5",), ("probs",), ("cudnnSoftmaxForward",))
     assert (soft.output, soft.buffers["probs"].shape, soft.buffers["probs"].role) == ("probs", (3, 2), "act")

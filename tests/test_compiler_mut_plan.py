@@ -341,3 +341,17 @@ def test_ir_refuses_a_buffer_defined_twice_and_an_unknown_buffer():
     assert nbytes(()) == 4
     b = plan.buffers["x"]
     assert (b.dtype, b.role, b.alias_of, b.offset, b.nbytes) == ("float32", "act", None, None, 12)
+
+
+def test_memory_reuses_a_gap_of_exactly_the_buffer_s_size():
+    """A lives at step 0, B at steps 0-1, C at steps 1-2 (512 B each, placed A, B, C): B goes above A, and C
+    fits exactly in the 512 B below B that A no longer uses."""
+    plan = Plan("infer", 1, [])
+    for name in "ABC":
+        plan.buffer(name, (128,))
+    plan.add("k", "s0", ("A",), ("B",), ())
+    plan.add("k", "s1", ("B",), ("C",), ())
+    plan.add("k", "s2", ("C",), ("C",), ())
+    passes.plan_memory(plan)
+    assert [plan.buffers[n].offset for n in "ABC"] == [0, 512, 0] and plan.arena_bytes == 1024
+    assert plan.log == ["memory: 3 arena buffers, 1,536 B without reuse -> 1,024 B"]

@@ -132,5 +132,8 @@ def test_fusion_log_and_groups():
     assert [(g["node"].name, g["bn"], g["act"] and g["act"].name) for g in train] == [
         ("0", None, None), ("1", None, "2"), ("3", None, None), ("4", None, "5"), ("6", None, None),
         ("7", None, None), ("8", None, None)]
+    default = passes.fuse(nodes)                        # training is the default: nothing folded
+    assert [(g["node"].name, g["bn"], g["act"] and g["act"].name) for g in default] == \
+        [(g["node"].name, g["bn"], g["act"] and g["act"].name) for g in train]
     assert all(g["bn"] is None and g["act"] is None for g in passes.fuse(nodes, enabled=False, training=False))
     assert passes.fuse(nodes[:1], training=False)[0]["act"] is None      # a conv last: nothing after it

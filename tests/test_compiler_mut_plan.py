@@ -355,3 +355,34 @@ def test_memory_reuses_a_gap_of_exactly_the_buffer_s_size():
     passes.plan_memory(plan)
     assert [plan.buffers[n].offset for n in "ABC"] == [0, 512, 0] and plan.arena_bytes == 1024
     assert plan.log == ["memory: 3 arena buffers, 1,536 B without reuse -> 1,024 B"]
+
+
+def test_names_and_kernels_of_the_remaining_step_kinds():
+    """Linear + bias + activation, a bias-free Linear + activation, activations and pools standing alone,
+    batch norm in inference with and without an activation, dropout: each step's name and kernels."""
+    model = nn.Sequential(nn.Linear(6, 4, rng=0), nn.ReLU(), nn.Linear(4, 4, bias=False, rng=0), nn.Tanh(),
+                          nn.BatchNorm1d(4), nn.Sigmoid(), nn.Dropout(0.5, rng=1), nn.Tanh(), nn.BatchNorm1d(4),
+                          nn.Linear(4, 3, rng=0))
+    infer = _build_plan(model, (6,), 2, False, {"fuse": False})[0]
+    fused = _build_plan(model, (6,), 2, False, {})[0]
+    train = _build_plan(model, (6,), 2, True, {"fuse": False})[0]
+    act, bnk = ("bias_act_forward_kernel",), ("cudnnBatchNormalizationForwardInference",)
+    assert [(s.name, s.kernels) for s in fused.steps][:6] == [
+        ("0 forward", ("cublasSgemm",)), ("0 bias + relu", act), ("2 forward", ("cublasSgemm",)), ("2 tanh", act),
+        ("4 batch_norm", bnk), ("4 sigmoid", act)]
+    assert [(s.name, s.kernels) for s in infer.steps][:8] == [
+        ("0 forward", ("cublasSgemm",)), ("0 bias", act), ("1 relu", act), ("2 forward", ("cublasSgemm",)),
+        ("3 tanh", act), ("4 batch_norm", bnk), ("5 sigmoid", act), ("7 tanh", act)]
+    named = {s.name: s for s in train.steps}
+    assert named["6 dropout"].kernels == ("dropout_step_kernel",)
+    assert named["6 dropout backward"].kernels == ("mul_kernel",) and named["6 dropout backward"].kind == "mul"
+    assert named["7 tanh backward"].kernels == ("act_backward_kernel",)
+    assert named["1 relu backward"].kernels == ("act_backward_kernel",)
+    pools = nn.Sequential(nn.Conv2d(1, 2, 3, rng=0), nn.AvgPool2d(2), nn.MaxPool2d(1), nn.GlobalAvgPool2d(),
+                          nn.Flatten(), nn.Linear(2, 2, rng=0))
+    named = {s.name: s for s in _build_plan(pools, (1, 6, 6), 2, True, {})[0].steps}
+    assert named["1 avg_pool backward"].kernels == ("cudnnPoolingBackward",)
+    assert named["3 global_avg_pool backward"].kernels == ("cudnnPoolingBackward",)
+    assert named["3 global_avg_pool"].kernels == ("cudnnPoolingForward",) and named["3 global_avg_pool"].kind == \
+        "avg_pool_forward"
+    assert named["2 max_pool backward"].kernels == ("max_pool_backward_kernel",)

@@ -137,3 +137,16 @@ def test_fusion_log_and_groups():
         [(g["node"].name, g["bn"], g["act"] and g["act"].name) for g in train]
     assert all(g["bn"] is None and g["act"] is None for g in passes.fuse(nodes, enabled=False, training=False))
     assert passes.fuse(nodes[:1], training=False)[0]["act"] is None      # a conv last: nothing after it
+
+
+def test_slope_of_a_layer_without_keyword_arguments_is_zero():
+    assert not hasattr(nn.Flatten(), "_kwargs") and slope(nn.Flatten()) == 0.0
+    assert slope(nn.Linear(2, 2)) == 0.0 and slope(nn.LeakyReLU(0.125)) == 0.125
+
+
+def test_global_pooling_of_a_non_square_plane_and_a_conv_bias_of_the_wrong_length():
+    node = trace(nn.Sequential(nn.GlobalAvgPool2d()), (2, 3, 5), 1)[0]
+    assert node.attrs == {"kernel": (3, 5), "stride": (3, 5), "padding": (0, 0)} and node.out_shape == (1, 2, 1, 1)
+    conv = nn.Conv2d(1, 2, 3, rng=0)
+    conv.bias.data = np.zeros(3, np.float32)            # the reference forward refuses it too
+    _refused(nn.Sequential(conv), (1, 4, 4), 1, r"^layer 0: conv_forward: b has 3 entries but w has 2 output channels")

@@ -139,8 +139,9 @@ cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t 
 /* A copy pipe (pipe.cu): two slots, each a pinned input and output buffer, so that
  * the host copies one chunk of a numpy array into pinned memory while the device
  * computes the previous one.  upload: wait until the slot's last upload has left its
- * buffer, copy src (host) into it, queue the copy to dst (device) on the library's
- * stream.  download: queue the copy of src (device) into the slot's output buffer.
+ * buffer, copy src (host) into it, queue its DMA on the pipe's own stream (overlapping the
+ * library's stream) into the slot's device buffer, then on the library's stream, after
+ * the DMA, a device copy to dst.  download: queue the copy of src (device) into the slot's output buffer.
  * finish: wait for that copy, copy the buffer to dst (host). */
 typedef struct cydnnPipe cydnnPipe;
 cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,

@@ -68,30 +68,12 @@ def main():
 def torch_step(model, shape, batch):
     import torch
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    tm = bench_zoo.torch_twin(model)
-    opt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    x = torch.randn((batch,) + shape, device="cuda")
-    y = torch.randint(0, 10, (batch,), device="cuda")
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss_fn(tm(x), y).backward()
-        opt.step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    replay = bench_zoo.torch_step(model, shape, batch, graph=True)
     for _ in range(5):
-        g.replay()
+        replay()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    g.replay()
+    replay()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 

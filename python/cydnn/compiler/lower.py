@@ -188,7 +188,8 @@ def _backward(plan, i, group, x, y, dy, dx):
         w, has_bias = f"{name}.weight", node.module._parameters.get("bias") is not None
         if act or has_bias:
             writes = ((dy,) if act else ()) + (("d:" + name + ".bias",) if has_bias else ())
-            plan.add("bias_act_backward", f"{name} {'act + ' if act else ''}bias backward", (y, dy), writes,
+            what = " + ".join(part for part, on in (("act", act), ("bias", has_bias)) if on)
+            plan.add("bias_act_backward", f"{name} {what} backward", (y, dy), writes,
                      _act_backward_kernels(node.out_shape, has_bias), act=act, slope=slope, dx=dy if act else None,
                      dbias=("d:" + name + ".bias") if has_bias else None)
         if op == "conv2d":

@@ -79,31 +79,40 @@ def _flatten(name, m, shape):
     return (shape[0], int(np.prod(shape[1:], dtype=np.int64))), {}
 
 
-def _needs_4d(fn):
-    def check(name, m, shape, *rest):
-        if len(shape) != 4:
-            raise Unsupported(f"layer {name}: {type(m).__name__} needs (N, C, H, W), got {shape}")
-        return fn(name, m, shape, *rest)
-    return check
+def _max_pool(name, m, shape):
+    return _pool(name, m, shape, "max_pool_forward")
+
+
+def _avg_pool(name, m, shape):
+    return _pool(name, m, shape, "avg_pool_forward")
+
+
+#: ops whose input must be (N, C, H, W); checked by trace() before the shape function
+NEEDS_4D = ("conv2d", "max_pool", "avg_pool", "global_avg_pool")
+
+
+def _check_4d(name, m, shape):
+    if len(shape) != 4:
+        raise Unsupported(f"layer {name}: {type(m).__name__} needs (N, C, H, W), got {shape}")
 
 
 #: layer class name -> (op, shape function).  Looked up by class name so that layers added
 #: to ``cydnn.nn`` later (BatchNorm, LeakyReLU, ...) are taken as soon as they exist.
 SUPPORTED = {
-    "Conv2d": ("conv2d", _needs_4d(_conv)),
+    "Conv2d": ("conv2d", _conv),
     "Linear": ("linear", _linear),
     "ReLU": ("relu", _same),
     "Tanh": ("tanh", _same),
     "Sigmoid": ("sigmoid", _same),
-    "MaxPool2d": ("max_pool", _needs_4d(lambda n, m, s: _pool(n, m, s, "max_pool_forward"))),
-    "AvgPool2d": ("avg_pool", _needs_4d(lambda n, m, s: _pool(n, m, s, "avg_pool_forward"))),
+    "MaxPool2d": ("max_pool", _max_pool),
+    "AvgPool2d": ("avg_pool", _avg_pool),
     "Flatten": ("flatten", _flatten),
     "Dropout": ("dropout", _same),
     "LeakyReLU": ("leaky_relu", _same),
     "BatchNorm2d": ("batch_norm", _batch_norm),
     "BatchNorm1d": ("batch_norm", _batch_norm),
-    "AdaptiveAvgPool2d": ("global_avg_pool", _needs_4d(_global_avg_pool)),
-    "GlobalAvgPool2d": ("global_avg_pool", _needs_4d(_global_avg_pool)),
+    "AdaptiveAvgPool2d": ("global_avg_pool", _global_avg_pool),
+    "GlobalAvgPool2d": ("global_avg_pool", _global_avg_pool),
 }
 
 
@@ -145,6 +154,8 @@ def trace(model, input_shape, batch):
         for p in layer._parameters.values():
             if p is not None and str(p.data.dtype) != "float32":
                 raise Unsupported(f"layer {name} has {p.data.dtype} parameters; the compiler runs float32")
+        if op in NEEDS_4D:
+            _check_4d(name, layer, shape)
         out, attrs = infer(name, layer, shape)
         nodes.append(Node(name, op, layer, shape, tuple(int(s) for s in out), attrs))
         shape = nodes[-1].out_shape

@@ -214,3 +214,21 @@ def test_check_pair_and_labels():
     I._check_labels(0, np.zeros((0,), np.int64), 10)
     I._check_labels(2, np.array([0, 0]), 1)
     I._check_labels(2, np.array([9, 9]), 10)
+
+
+def test_header_of_exactly_four_bytes():
+    # a valid magic of 4 bytes passes the first check; the missing sizes are the second
+    with pytest.raises(ValueError) as e:
+        I._check_idx_header(b"\0\0\x08\x01", "W")
+    assert str(e.value) == "W: too short for the header of a rank-1 IDX file"
+
+
+def test_dims_read_all_four_big_endian_bytes(monkeypatch, tmp_path):
+    # a dimension >= 2**24 uses the first byte of its 4-byte size
+    p = tmp_path / "d.idx"
+    p.write_bytes(b"\0\0\x08\x01" + struct.pack(">I", 0x01000005) + b"\1\2\3")
+    assert _msg(p) == (f"IDX file {str(p)!r}: dimensions (16777221,) need 16777221 data bytes after "
+                       "the header, but 3 follow (truncated)")
+    monkeypatch.setattr(ds, "MAX_IDX_BYTES", 1 << 24)
+    assert _msg(p) == (f"IDX file {str(p)!r}: header declares dimensions (16777221,) = 16777221 bytes, "
+                       f"more than the {1 << 24}-byte limit (MAX_IDX_BYTES): refusing it")

@@ -158,9 +158,10 @@ def cydnn_train(name, batch, steps, repeats, compiled):
     return timed(step, cydnn.cuda.synchronize, steps, repeats), None, None
 
 
-def torch_train(name, batch, steps, repeats, graph):
+def torch_step(model, shape, batch, graph):
+    """PyTorch's training step of bench's twin of ``model`` (SGD momentum 0.9, cross-entropy, random batch on
+    the GPU): a callable running one step, eagerly or as a replay of the whole step captured in a CUDA graph."""
     import torch
-    model, shape = build(name)
     tm = torch_twin(model)
     opt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -172,7 +173,7 @@ def torch_train(name, batch, steps, repeats, graph):
         loss_fn(tm(x), y).backward()
         opt.step()
     if not graph:
-        return timed(step, torch.cuda.synchronize, steps, repeats)
+        return step
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -182,7 +183,13 @@ def torch_train(name, batch, steps, repeats, graph):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
-    return timed(g.replay, torch.cuda.synchronize, steps, repeats)
+    return g.replay
+
+
+def torch_train(name, batch, steps, repeats, graph):
+    import torch
+    model, shape = build(name)
+    return timed(torch_step(model, shape, batch, graph), torch.cuda.synchronize, steps, repeats)
 
 
 def agreement(name, steps=20, batch=64):

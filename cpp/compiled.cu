@@ -6,7 +6,8 @@
 //
 //   bias_act_forward    y = act(x + bias[c])             replaces add-bias + activation
 //   bias_act_backward   g = dy * act'(y); dbias[c] = sum g   replaces activation backward
-//                       + bias gradient (chunks of a channel in parallel, then their sums in order)
+//                       + bias gradient (chunks of a channel in parallel, then their sums in order;
+//                       without a bias, one element-wise pass)
 //   flat_update         one launch updates every parameter (SGD / Adam / AdamW) over
 //                       flat parameter, gradient and state buffers; lr and the step
 //                       number come from device memory (a schedule needs no re-capture)
@@ -24,39 +25,35 @@
 // The optimizer formulas are optimizer.cu's (PyTorch's), element by element.
 #include <cmath>
 
+#include "act_math.cuh"
 #include "common.cuh"
 
 namespace {
 
-__device__ __forceinline__ float activate(float v, int act, float slope) {
-    switch (act) {
-        case 1: return v <= 0.0f ? 0.0f : v;          // as relu_forward (NaN stays NaN)
-        case 2: return tanhf(v);
-        case 3: return 1.0f / (1.0f + expf(-v));
-        case 4: return v > 0.0f ? v : v * slope;
-        default: return v;
-    }
-}
-
-__device__ __forceinline__ float derivative(float y, int act, float slope) {
-    switch (act) {
-        case 1: return y > 0.0f ? 1.0f : 0.0f;
-        case 2: return 1.0f - y * y;
-        case 3: return y * (1.0f - y);
-        case 4: return y > 0.0f ? 1.0f : slope;
-        default: return 1.0f;
-    }
-}
+using cydnn::activate;
+using cydnn::derivative;
+using cydnn::fits_32;
 
 // y[n, c, i] = act(x[n, c, i] + bias[c]); bias may be NULL.  May run in place.
-__global__ void bias_act_forward_kernel(const float *x, const float *bias, float *y, size_t total,
-                                        int channels, size_t inner, int act, float slope) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+template <typename I>
+__global__ void bias_act_forward_kernel(const float *x, const float *bias, float *y, I total,
+                                        I channels, I inner, int act, float slope) {
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         float v = x[i];
-        if (bias != nullptr) v += bias[(i / inner) % (size_t)channels];
+        if (bias != nullptr) v += bias[(i / inner) % channels];
         y[i] = activate(v, act, slope);
     }
+}
+
+// dx = dy * act'(y) element by element: the activation backward when there is no bias to sum
+// (a convolution without bias followed by batch norm, or a layer whose bias has no gradient).
+template <typename I>
+__global__ void act_backward_kernel(const float *y, const float *dy, float *dx, I total, int act,
+                                    float slope) {
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
+        dx[i] = dy[i] * derivative(y[i], act, slope);
 }
 
 // g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
@@ -66,17 +63,18 @@ __global__ void bias_act_forward_kernel(const float *x, const float *bias, float
 constexpr int kReduceThreads = 256;
 constexpr size_t kChunk = 8192;
 
+template <typename I>
 __global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
-                                            int channels, size_t inner, size_t per_channel, int chunks,
+                                            I channels, I inner, I per_channel, int chunks,
                                             int act, float slope) {
     __shared__ float sums[kReduceThreads];
-    const int c = blockIdx.y;
-    const size_t begin = (size_t)blockIdx.x * kChunk;
-    const size_t end = begin + kChunk < per_channel ? begin + kChunk : per_channel;
+    const I c = blockIdx.y;
+    const I begin = (I)blockIdx.x * (I)kChunk;
+    const I end = begin + (I)kChunk < per_channel ? begin + (I)kChunk : per_channel;
     float sum = 0.0f;
-    for (size_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
-        const size_t row = k / inner, col = k % inner;
-        const size_t i = (row * channels + c) * inner + col;
+    for (I k = begin + threadIdx.x; k < end; k += blockDim.x) {
+        const I row = k / inner, col = k % inner;
+        const I i = (row * channels + c) * inner + col;
         const float g = dy[i] * derivative(y[i], act, slope);
         if (dx != nullptr) dx[i] = g;
         sum += g;
@@ -270,8 +268,12 @@ cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const fl
                   n, channels, inner);
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
     const size_t total = (size_t)n * channels * inner;
-    bias_act_forward_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-        x, bias, y, total, channels, inner, act, slope);
+    if (fits_32(total))
+        bias_act_forward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            x, bias, y, (unsigned)total, (unsigned)channels, (unsigned)inner, act, slope);
+    else
+        bias_act_forward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            x, bias, y, total, (size_t)channels, inner, act, slope);
     CYDNN_LAUNCH_CHECK(op, "bias_act_forward_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
@@ -294,8 +296,23 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
         CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
         partial = static_cast<float *>(scratch);
     }
-    act_backward_partial_kernel<<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
-        y, dy, dx, dbias == nullptr ? nullptr : partial, channels, inner, per_channel, chunks, act, slope);
+    const size_t total = per_channel * channels;
+    if (dbias == nullptr) {                       // no sums: one flat element-wise pass
+        if (fits_32(total))
+            act_backward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+                y, dy, dx, (unsigned)total, act, slope);
+        else
+            act_backward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+                y, dy, dx, total, act, slope);
+        CYDNN_LAUNCH_CHECK(op, "act_backward_kernel");
+        return CYDNN_STATUS_SUCCESS;
+    }
+    if (fits_32(total))
+        act_backward_partial_kernel<unsigned><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+            y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
+    else
+        act_backward_partial_kernel<size_t><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+            y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && scratch != nullptr) {
         bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(

@@ -139,11 +139,14 @@ cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t 
 /* A copy pipe (pipe.cu): two slots, each a pinned input and output buffer, so that
  * the host copies one chunk of a numpy array into pinned memory while the device
  * computes the previous one.  upload: wait until the slot's last upload has left its
- * buffer, copy src (host) into it, queue the copy to dst (device) on the library's
- * stream.  download: queue the copy of src (device) into the slot's output buffer.
+ * buffer, copy src (host) into it, queue its DMA on the pipe's own stream (overlapping the
+ * library's stream) into the slot's device buffer, then on the library's stream, after
+ * the DMA, a device copy to dst.  download: queue the copy of src (device) into the slot's output buffer.
  * finish: wait for that copy, copy the buffer to dst (host). */
 typedef struct cydnnPipe cydnnPipe;
-cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out);
+cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,
+                                cydnnPipe **out);   /* threads: 0 = automatic */
+int cydnn_pipe_threads(const cydnnPipe *p);   /* host threads that fill a slot */
 cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes);
@@ -454,6 +457,22 @@ cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const fl
  * over n and inner (may be NULL; one block per channel, fixed order). */
 cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
                                       float *dbias, int n, int channels, size_t inner, int act, float slope);
+
+/* Batch normalization in training with its activation (compiled_norm.cu), x, y (n, channels, inner):
+ * y = act(gamma (x - mean) inv_std + beta) with the batch's mean and biased var per channel;
+ * save_mean / save_inv_std = mean, 1 / sqrt(var + eps) (cuDNN's saved statistics); the running
+ * statistics (both NULL: not updated) move by `factor` towards mean and the unbiased var.
+ * Backward: g = dy * act'(y) (y may be NULL when act is 0), dgamma = sum g xhat, dbeta = sum g,
+ * dx = gamma inv_std (g - (dbeta + xhat dgamma) / (n inner)) (dx may be NULL, or dy itself).
+ * Fixed summation order: the same bits every run.  At most 2^32 values. */
+cydnnStatus_t cydnn_bn_act_forward_train(cydnnContext *ctx, const float *x, const float *gamma, const float *beta,
+                                         float *running_mean, float *running_var, double factor, double eps,
+                                         float *y, float *save_mean, float *save_inv_std, int n, int channels,
+                                         size_t inner, int act, float slope);
+cydnnStatus_t cydnn_bn_act_backward(cydnnContext *ctx, const float *x, const float *y, const float *dy,
+                                    const float *gamma, const float *save_mean, const float *save_inv_std,
+                                    float *dx, float *dgamma, float *dbeta, int n, int channels, size_t inner,
+                                    int act, float slope);
 
 /* The step counters a compiled step keeps on the device (the LeNet step's layout). */
 typedef cydnnLeNetCounters cydnnStepCounters;

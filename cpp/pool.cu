@@ -114,17 +114,21 @@ cydnnStatus_t pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, cudnnP
 // oy*stride_h - pad_h + kh - 1, so row iy is covered by the windows
 //   ceil((iy + pad_h - kh + 1) / stride_h) <= oy <= floor((iy + pad_h) / stride_h),
 // clipped to [0, oh - 1]; likewise for columns.
+//
+// I is the index type: unsigned when the tensor has fewer than 2^32 elements (a 64-bit division
+// is a long instruction sequence, and there are three per element), size_t beyond.
+template <typename I>
 __global__ void max_pool_backward_kernel(const float *x, const float *dy, float *dx,
-                                         size_t planes, int h, int w, int oh, int ow, int kh,
+                                         I planes, int h, int w, int oh, int ow, int kh,
                                          int kw, int stride_h, int stride_w, int pad_h,
                                          int pad_w) {
-    const size_t plane_size = (size_t)h * w;
-    const size_t total = planes * plane_size;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-        const int ix = (int)(idx % w);
-        const int iy = (int)((idx / w) % h);
-        const size_t plane = idx / plane_size;  // n * c + channel
+    const I plane_size = (I)h * (I)w;
+    const I total = planes * plane_size;
+    const I stride = (I)gridDim.x * blockDim.x;
+    for (I idx = (I)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
+        const int ix = (int)(idx % (I)w);
+        const int iy = (int)((idx / (I)w) % (I)h);
+        const I plane = idx / plane_size;  // n * c + channel
         const float *xp = x + plane * plane_size;
         const float *dyp = dy + plane * (size_t)oh * ow;
 
@@ -186,9 +190,14 @@ cydnnStatus_t max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, c
     const int ow = out_size(g->w, g->pad_w, g->kw, g->stride_w);
     const size_t planes = (size_t)g->n * g->c;
     const size_t total = planes * g->h * g->w;
-    max_pool_backward_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-        x, dy, dx, planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
-        g->pad_w);
+    if (total < (size_t(1) << 32) - 65536)
+        max_pool_backward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            x, dy, dx, (unsigned)planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
+            g->pad_w);
+    else
+        max_pool_backward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            x, dy, dx, planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
+            g->pad_w);
     CYDNN_LAUNCH_CHECK("max_pool_backward", "max_pool_backward_kernel");
     return CYDNN_STATUS_SUCCESS;
 }

@@ -97,6 +97,12 @@ class NumpyPlan:
         b[s.writes[0]][...] = y
         self.aux[s.args["saved"][0]] = cache
 
+    def _bn_act_forward(self, s, b, lr):
+        x, gamma, beta, rm, rv = (b[n] for n in s.reads)
+        y, cache = cpu.batch_norm_forward(x.copy(), gamma, beta, rm, rv, True, s.args["momentum"], s.args["eps"])
+        b[s.writes[0]][...] = _act(y, s.args["act"], s.args["slope"])
+        self.aux[s.args["saved"][0]] = cache
+
     def _fold_batch_norm(self, s, b, lr):
         w = b[s.reads[0]]
         bias = b[s.args["bias"]] if s.args["bias"] else np.zeros(w.shape[0], np.float32)
@@ -144,9 +150,12 @@ class NumpyPlan:
         _, cache = cpu.avg_pool_forward(x.copy(), s.args["kernel"], s.args["stride"], s.args["padding"])
         b[s.writes[0]][...] = cpu.avg_pool_backward(dy.copy(), cache)
 
-    def _batch_norm_backward(self, s, b, lr):
-        dx, dgamma, dbeta = cpu.batch_norm_backward(b[s.reads[1]].copy(), self.aux[s.args["saved"][0]])
-        b[s.args["dx"]][...] = dx
+    def _bn_act_backward(self, s, b, lr):
+        dy = b[s.args["dy"]]
+        g = dy * _dact(b[s.args["y"]], s.args["act"], s.args["slope"]) if s.args["act"] else dy.copy()
+        dx, dgamma, dbeta = cpu.batch_norm_backward(g, self.aux[s.args["saved"][0]])
+        if s.args["dx"]:
+            b[s.args["dx"]][...] = dx
         b[s.args["grads"][0]][...] = dgamma
         b[s.args["grads"][1]][...] = dbeta
 

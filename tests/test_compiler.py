@@ -230,7 +230,10 @@ def test_compiled_step_matches_the_reference_for_20_steps(name, make_opt, determ
     compiled path's kernels vary from run to run).  That is the per-op path's tolerance against itself: the
     training dynamics -- momentum, Adam's normalisation, batch norm -- carry any rounding difference on.  With
     (a) alone the test failed once in about 30 device runs (LeNet 16/32 with SGD: 1e-4 against a 5e-6
-    bound at step 15, with the direct kernel chosen).  Both run cuDNN's deterministic algorithms: the
+    bound at step 15, with the direct kernel chosen).  With one row order and the nudge it still failed in
+    about 1 of 8 runs of the 24 cases (session 15: Adam/AdamW on LeNet 16/32, the loss at step 20 1.2e-3 from
+    the reference against a bound of 1.0e-3; SGD on the 3x32x32 CNN once): two perturbations are a thin
+    sample of the per-op path's spread, so (a) is drawn twice, with two row orders.  Both run cuDNN's deterministic algorithms: the
     default backward-filter algorithms add with atomics, so two per-op runs of the same batches differ from
     run to run by more than the compiled path differs from either.  The one-step test below checks each
     step's exactness.  A bias followed by batch norm has a gradient that is rounding noise (the norm
@@ -238,25 +241,27 @@ def test_compiled_step_matches_the_reference_for_20_steps(name, make_opt, determ
     make, shape = ZOO[name]
     batches = _batches(shape)
     ref, ref_losses = _reference_run(make, make_opt, batches)
-    order = np.random.default_rng(5).permutation(64)
+    order, order2 = np.random.default_rng(5).permutation(64), np.random.default_rng(6).permutation(64)
     shuffled, shuffled_losses = _reference_run(make, make_opt, [(x[order], y[order]) for x, y in batches])
+    shuffled2, shuffled2_losses = _reference_run(make, make_opt, [(x[order2], y[order2]) for x, y in batches])
     nudged, nudged_losses = _reference_run(make, make_opt, batches, nudge=True)
     model = make().to("cuda")
     step = cydnn.compile(model, make_opt(model.parameters()), batch_size=64)
     losses = [float(step(x, y)) for x, y in batches]
     assert step.info()["mode"] == "graph", step.info()
-    self_loss = np.maximum.accumulate(np.maximum(np.abs(np.subtract(shuffled_losses, ref_losses)),
-                                                 np.abs(np.subtract(nudged_losses, ref_losses))))
+    self_loss = np.maximum.accumulate(np.max([np.abs(np.subtract(other, ref_losses)) for other in
+                                              (shuffled_losses, shuffled2_losses, nudged_losses)], axis=0))
     assert np.all(np.abs(np.subtract(losses, ref_losses)) <= 10 * self_loss + 2e-5 * np.abs(ref_losses)), \
         (losses, ref_losses, self_loss)
     before_norm = _biases_before_norm(model)
-    for (n, a), (_, b), (_, c), (_, d) in zip(model.named_parameters(), ref.named_parameters(),
-                                              shuffled.named_parameters(), nudged.named_parameters()):
+    for (n, a), (_, b), (_, c), (_, c2), (_, d) in zip(model.named_parameters(), ref.named_parameters(),
+                                                       shuffled.named_parameters(), shuffled2.named_parameters(),
+                                                       nudged.named_parameters()):
         assert a.grad is not None
         if n in before_norm:
             continue
         got, want = a.data.numpy(), b.data.numpy()
-        self_diff = max(np.abs(c.data.numpy() - want).max(), np.abs(d.data.numpy() - want).max())
+        self_diff = max(np.abs(o.data.numpy() - want).max() for o in (c, c2, d))
         assert np.abs(got - want).max() <= 10 * self_diff + 1e-6, (n, np.abs(got - want).max(), self_diff)
 
 
@@ -392,8 +397,9 @@ def test_batch_norm_is_folded_in_inference_and_trained_with_running_statistics()
     assert "fold: 10 (batch_norm, running statistics) into 9 (linear)" in text
     assert "cudnnBatchNormalization" not in text
     train = _plan(cnn_bn, (3, 16, 16), batch=4).explain()
-    assert train.count("cudnnBatchNormalizationForwardTraining") == 3
-    assert train.count("cudnnBatchNormalizationBackward") == 3
+    assert "cudnnBatchNormalization" not in train          # compiled_norm.cu's kernels, the activation folded in
+    assert train.count("[bn_stats_partial_kernel + bn_apply_kernel]") == 3
+    assert train.count("[bn_grad_partial_kernel + bn_dx_kernel]") == 3
     with pytest.raises(Unsupported, match="momentum=None"):
         trace(nn.Sequential(nn.BatchNorm2d(3, momentum=None)), (3, 4, 4), 2)
 

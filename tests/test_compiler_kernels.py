@@ -4,7 +4,8 @@
 of cpp/*.cu (a ``__global__`` function the step's C function launches) or a cuDNN / cuBLAS entry
 point that C function calls, and the counts must follow the layers.  (The first version of the
 activation-backward step named a ``bias_act_backward_kernel`` that does not exist: the call
-launches ``act_backward_partial_kernel`` and, when a channel spans several blocks, ``bias_sum_kernel``.)
+launches ``act_backward_partial_kernel`` and, when a channel spans several blocks, ``bias_sum_kernel``;
+without a bias, ``act_backward_kernel`` alone.)
 """
 import math
 import pathlib
@@ -27,7 +28,8 @@ FILE_OF = {"linear_forward": "linear.cu", "linear_backward": "linear.cu", "conv_
            "conv_bias_act": ("conv.cu", "compiled.cu"), "conv_backward": "conv.cu",
            "bias_act_forward": "compiled.cu", "bias_act_backward": "compiled.cu",
            "max_pool_forward": "pool.cu", "avg_pool_forward": "pool.cu", "max_pool_backward": "pool.cu",
-           "avg_pool_backward": "pool.cu", "batch_norm_forward": "batchnorm.cu", "batch_norm_backward": "batchnorm.cu",
+           "avg_pool_backward": "pool.cu", "batch_norm_forward": "batchnorm.cu",
+           "bn_act_forward": "compiled_norm.cu", "bn_act_backward": "compiled_norm.cu",
            "softmax_cross_entropy": "loss.cu", "softmax": "loss.cu", "flat_update": "compiled.cu",
            "step_bookkeeping": "compiled.cu", "dropout_step": "compiled.cu", "fold_batch_norm": "compiled.cu",
            "mul": "activation.cu"}
@@ -55,18 +57,29 @@ def test_every_kernel_a_plan_names_is_launched_or_called_by_its_step(key):
                 assert re.search(rf"\b{kernel}\s*\(", text), (key, step.kind, kernel)
             else:
                 assert kernel in GLOBALS, (key, step.kind, kernel)
-                assert re.search(rf"\b{kernel}\s*<<<", text), (key, step.kind, kernel)
+                assert re.search(rf"\b{kernel}\s*(<[\w\s,]*>)?<<<", text), (key, step.kind, kernel)   # templates too
 
 
 def test_the_activation_backward_names_the_bias_sum_only_when_a_channel_spans_several_blocks():
+    # without a bias (a convolution followed by batch norm): one element-wise kernel, whatever the size
+    assert lower._act_backward_kernels((64, 6, 24, 24), False) == ("act_backward_kernel",)
+    assert lower._act_backward_kernels((2, 16, 8, 8), False) == ("act_backward_kernel",)
     assert lower._act_backward_kernels((2, 16, 8, 8), True) == ("act_backward_partial_kernel",)     # 128 values a channel
     # 64 * 24 * 24 = 36,864 values a channel: five blocks of 8,192, their partial sums added by a second kernel
     assert lower._act_backward_kernels((64, 6, 24, 24), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
-    assert lower._act_backward_kernels((64, 6, 24, 24), False) == ("act_backward_partial_kernel",)
     n = lower.ACT_BACKWARD_CHUNK                    # exactly one block's worth: still one kernel
     assert lower._act_backward_kernels((n, 3), True) == ("act_backward_partial_kernel",)
     assert lower._act_backward_kernels((n + 1, 3), True)[-1] == "bias_sum_kernel"
     assert re.search(rf"kChunk = {lower.ACT_BACKWARD_CHUNK};", SOURCES["compiled.cu"])
+
+
+def test_batch_norm_names_its_finalize_kernels_only_for_layers_too_wide_for_a_block():
+    assert re.search(rf"kInBlockChannels = {lower.BN_IN_BLOCK_CHANNELS};", SOURCES["compiled_norm.cu"])
+    n = lower.BN_IN_BLOCK_CHANNELS
+    assert lower._bn_kernels(n) == ("bn_stats_partial_kernel", "bn_apply_kernel")
+    assert lower._bn_kernels(n + 1) == ("bn_stats_partial_kernel", "bn_stats_finalize_kernel", "bn_apply_kernel")
+    assert lower._bn_kernels(n, backward=True) == ("bn_grad_partial_kernel", "bn_dx_kernel")
+    assert lower._bn_kernels(n + 1, backward=True)[1] == "bn_grad_finalize_kernel"
 
 
 @pytest.mark.parametrize("key", sorted(PLANS))

@@ -78,10 +78,11 @@ class _Endless(http.server.BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         try:
+            self.server.sent += 2
             self.wfile.write(b"\x1f\x8b")
             while not self.server.stop.is_set():
-                self.wfile.write(bytes(1 << 16))
-                self.server.sent += 1 << 16
+                self.server.sent += 1 << 16          # counted before the write: a write blocked on a full
+                self.wfile.write(bytes(1 << 16))     # socket is data the server still has to send
         except (BrokenPipeError, ConnectionResetError):
             pass
 

@@ -208,13 +208,15 @@ def test_auto_mode_records_what_it_timed_and_off_mode_never_runs_it():
 @gpu
 @pytest.mark.parametrize("mode", ["off", "auto"])
 @pytest.mark.parametrize("contiguous", [True, False])
-def test_many_chunks_through_the_copy_pipe_give_the_reference_outputs(mode, contiguous):
-    """Three full chunks and a partial one: the full ones after the first go through cpp/pipe.cu (uploads and
-    downloads overlapping the graph of the chunk before), the partial one through its own bucket."""
+@pytest.mark.parametrize("tail", [37, 600])
+def test_many_chunks_through_the_copy_pipe_give_the_reference_outputs(mode, contiguous, tail):
+    """Four full chunks and a partial one: the full ones after the first go through cpp/pipe.cu (uploads and
+    downloads overlapping the graph of the chunk before); a partial one of more than 256 rows through the
+    pipe and the full bucket's graph, a shorter one through its own bucket.  A second call pipes every chunk."""
     make, shape = CASES["cnn32"]
     model = make().to("cuda").eval()
     infer = cydnn.compile(model, input_shape=shape, fused_net=mode)
-    n = 4 * 1024 + 37
+    n = 4 * 1024 + tail
     x = np.random.default_rng(6).standard_normal((n,) + shape).astype(np.float32)
     if not contiguous:                              # every other image of a twice-as-long array
         x = np.repeat(x, 2, axis=0)[::2]
@@ -225,3 +227,23 @@ def test_many_chunks_through_the_copy_pipe_give_the_reference_outputs(mode, cont
     assert infer._pipe is not None
     again = infer(x[::-1].copy())                   # the same pinned buffers, other data
     np.testing.assert_allclose(again, got[::-1], rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max())))
+
+
+@gpu
+@pytest.mark.parametrize("threads", [1, 3, 4])
+def test_the_pipe_fills_a_slot_with_several_threads_byte_for_byte(threads):
+    """cpp/pipe.cu splits a slot's fill over host threads (slices of >= 1 MiB): every byte must arrive, in
+    place, whatever the split (sizes not a multiple of the slice nor of a cache line; a short copy)."""
+    rng = np.random.default_rng(threads)
+    pipe = _C.Pipe(9 * 2**20 + 12, 9 * 2**20 + 12, threads)
+    assert pipe.threads == threads
+    for k, nbytes in enumerate([9 * 2**20 + 12, 3 * 2**20 + 4, 4096]):
+        src = rng.integers(0, 2**31, nbytes // 4, dtype=np.int32).view(np.float32)
+        dev = _C.empty((src.size,))
+        pipe.upload(k % 2, dev, src)
+        pipe.download(k % 2, dev)
+        back = np.empty_like(src)
+        pipe.finish(k % 2, back)
+        assert np.array_equal(back.view(np.int32), src.view(np.int32))
+    with pytest.raises(Exception, match="threads must be 0"):
+        _C.Pipe(16, 16, -1)

@@ -2,11 +2,13 @@
 """Where a compiled step's GPU time goes: every kernel of one replayed step, with its duration.
 
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \\
-        python3 tools/profile_step.py MODEL [--batch 64] [--infer]  > out.csv
+        python3 tools/profile_step.py MODEL [--batch 64] [--infer] [--torch]  > out.csv
 
 MODEL is a name of benchmarks/bench_zoo.py's zoo.  The script compiles the step, runs it a few times
 (algorithm search, capture), then brackets ONE graph replay with cudaProfilerStart/Stop, so ncu
 profiles exactly the kernels of one step (ncu times each kernel on its own: launch gaps are not in it).
+``--torch``: the same for PyTorch's step (bench_zoo's twin, SGD momentum, the whole step one CUDA graph),
+so the two kernel lists can be set side by side.
 """
 import argparse
 import ctypes
@@ -36,8 +38,11 @@ def main():
     p.add_argument("model")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--infer", action="store_true")
+    p.add_argument("--torch", action="store_true", help="profile PyTorch's graph of the same step instead")
     a = p.parse_args()
     model, shape = bench_zoo.build(a.model)
+    if a.torch:
+        return torch_step(model, shape, a.batch)
     model.to("cuda")
     rng = np.random.default_rng(0)
     x = cydnn.to_device(rng.standard_normal((a.batch,) + shape).astype(np.float32))
@@ -58,6 +63,19 @@ def main():
     cydnn.cuda.synchronize()
     rt.cudaProfilerStop()
     print((f.explain(a.batch) if a.infer else step.explain(shape)).split("buffers:")[0], file=sys.stderr)
+
+
+def torch_step(model, shape, batch):
+    import torch
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    replay = bench_zoo.torch_step(model, shape, batch, graph=True)
+    for _ in range(5):
+        replay()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    replay()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":

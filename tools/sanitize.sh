@@ -53,6 +53,10 @@ for tool in $TOOLS; do
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_fused_net.py -k "every_cluster" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
+  # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_compiled_norm.py -k "not pytorch" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
   rc3=0
   if [ "${SANITIZE_PROPERTIES:-1}" != 0 ]; then
     "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

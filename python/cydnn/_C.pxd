@@ -249,6 +249,15 @@ cdef extern from "cydnn.h" nogil:
                                          int n, int channels, size_t inner, int act, float slope)
     cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
                                           float *dbias, int n, int channels, size_t inner, int act, float slope)
+    cydnnStatus_t cydnn_bn_act_forward_train(cydnnContext *ctx, const float *x, const float *gamma,
+                                             const float *beta, float *running_mean, float *running_var,
+                                             double factor, double eps, float *y, float *save_mean,
+                                             float *save_inv_std, int n, int channels, size_t inner, int act,
+                                             float slope)
+    cydnnStatus_t cydnn_bn_act_backward(cydnnContext *ctx, const float *x, const float *y, const float *dy,
+                                        const float *gamma, const float *save_mean, const float *save_inv_std,
+                                        float *dx, float *dgamma, float *dbeta, int n, int channels, size_t inner,
+                                        int act, float slope)
     ctypedef cydnnLeNetCounters cydnnStepCounters
     ctypedef struct cydnnFlatUpdate:
         float *param
@@ -320,7 +329,9 @@ cdef extern from "cydnn.h" nogil:
 cdef extern from "cydnn.h" nogil:
     ctypedef struct cydnnPipe:
         pass
-    cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, cydnnPipe **out)
+    cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,
+                                    cydnnPipe **out)
+    int cydnn_pipe_threads(const cydnnPipe *p)
     cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes)

@@ -20,6 +20,52 @@ def bias_act_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArr
           "bias_act_backward")
 
 
+
+def bn_act_forward_train(DeviceArray x not None, DeviceArray gamma not None, DeviceArray beta not None,
+                         DeviceArray running_mean, DeviceArray running_var, double factor, double eps,
+                         DeviceArray y not None, DeviceArray save_mean not None, DeviceArray save_inv_std not None,
+                         int act=0, float slope=0.0):
+    """Batch norm in training + activation (cydnn_bn_act_forward_train); x, y (n, c, ...)."""
+    n, c, inner = _nc_inner(x, "bn_act_forward_train")
+    _sizes("bn_act_forward_train", x.size, c, y=y, gamma=gamma, beta=beta, running_mean=running_mean,
+           running_var=running_var, save_mean=save_mean, save_inv_std=save_inv_std)
+    check(cydnn_bn_act_forward_train(ctx(), f32(x, "x"), f32(gamma, "gamma"), f32(beta, "beta"),
+                                     f32_or_null(running_mean, "running_mean"), f32_or_null(running_var, "running_var"),
+                                     factor, eps, f32(y, "y"), f32(save_mean, "save_mean"),
+                                     f32(save_inv_std, "save_inv_std"), n, c, inner, act, slope),
+          "bn_act_forward_train")
+
+
+def bn_act_backward(DeviceArray x not None, DeviceArray y, DeviceArray dy not None, DeviceArray gamma not None,
+                    DeviceArray save_mean not None, DeviceArray save_inv_std not None, DeviceArray dx,
+                    DeviceArray dgamma not None, DeviceArray dbeta not None, int act=0, float slope=0.0):
+    """Its backward (cydnn_bn_act_backward): dx (may be None, or dy), dgamma, dbeta."""
+    n, c, inner = _nc_inner(x, "bn_act_backward")
+    _sizes("bn_act_backward", x.size, c, y=y, dy=dy, dx=dx, gamma=gamma, save_mean=save_mean,
+           save_inv_std=save_inv_std, dgamma=dgamma, dbeta=dbeta)
+    check(cydnn_bn_act_backward(ctx(), f32(x, "x"), f32_or_null(y, "y"), f32(dy, "dy"), f32(gamma, "gamma"),
+                                f32(save_mean, "save_mean"), f32(save_inv_std, "save_inv_std"), f32_or_null(dx, "dx"),
+                                f32(dgamma, "dgamma"), f32(dbeta, "dbeta"), n, c, inner, act, slope),
+          "bn_act_backward")
+
+
+def _sizes(op, size, c, **arrays):
+    """Every per-value array has x's size, every per-channel one c values (None: not given)."""
+    for name, a in arrays.items():
+        want = size if name in ("y", "dy", "dx") else c
+        if a is not None and a.size != want:
+            raise ValueError(f"{op}: {name} must have {want} values ({'x' if want == size else 'channels'}), "
+                             f"got shape {a.shape}")
+
+
+def _nc_inner(DeviceArray x, str op):
+    if len(x.shape) < 2:
+        raise ValueError(f"{op}: x must be (n, c, ...), got shape {x.shape}")
+    inner = 1
+    for s in x.shape[2:]:
+        inner *= s
+    return x.shape[0], x.shape[1], inner
+
 cdef class FlatUpdate:
     """One optimizer update of every parameter over flat buffers (cydnn_flat_update)."""
     cdef cydnnFlatUpdate u

@@ -3,14 +3,20 @@
 
 
 cdef class Pipe:
-    """Two slots of pinned buffers of ``in_bytes`` and ``out_bytes`` (cydnn_pipe_*)."""
+    """Two slots of pinned buffers of ``in_bytes`` and ``out_bytes`` (cydnn_pipe_*); a slot is filled
+    by ``threads`` host threads (0: half the cores, at most 4)."""
     cdef cydnnPipe *p
     cdef readonly size_t in_bytes, out_bytes
 
-    def __cinit__(self, size_t in_bytes, size_t out_bytes):
+    def __cinit__(self, size_t in_bytes, size_t out_bytes, int threads=0):
         self.p = NULL
         self.in_bytes, self.out_bytes = in_bytes, out_bytes
-        check(cydnn_pipe_create(ctx(), in_bytes, out_bytes, &self.p), "pipe")
+        check(cydnn_pipe_create(ctx(), in_bytes, out_bytes, threads, &self.p), "pipe")
+
+    @property
+    def threads(self):
+        """Host threads that fill a slot."""
+        return cydnn_pipe_threads(self.p)
 
     def __dealloc__(self):
         if self.p != NULL:
@@ -21,7 +27,13 @@ cdef class Pipe:
         """dst (device) <- src (host, C-contiguous, the same number of bytes), through slot's buffer."""
         if not src.flags.c_contiguous or <size_t>src.nbytes != dst.nbytes:
             raise ValueError(f"pipe.upload: src must be C-contiguous with {dst.nbytes} bytes, got {src.nbytes}")
-        check(cydnn_pipe_upload(self.p, slot, dst.data(), cnp.PyArray_DATA(src), src.nbytes), "pipe")
+        cdef void *d = dst.data()
+        cdef const void *s = cnp.PyArray_DATA(src)
+        cdef size_t n = src.nbytes
+        cdef cydnnStatus_t st
+        with nogil:                 # the copy takes milliseconds: other Python threads may run meanwhile
+            st = cydnn_pipe_upload(self.p, slot, d, s, n)
+        check(st, "pipe")
 
     def download(self, int slot, DeviceArray src not None):
         """Queue src (device) into slot's output buffer."""

@@ -113,9 +113,13 @@ DISPATCH = {
     "batch_norm_forward": lambda b, s: (_C.batch_norm_forward, (
         b[s.reads[0]], b[s.reads[1]], b[s.reads[2]], b[s.reads[3]], b[s.reads[4]], s.args["training"],
         s.args["momentum"], s.args["eps"], b[s.writes[0]], b.get(s.args["saved"][0]), b.get(s.args["saved"][1]))),
-    "batch_norm_backward": lambda b, s: (_C.batch_norm_backward, (
-        b[s.reads[0]], b[s.reads[1]], b[s.reads[2]], b[s.args["saved"][0]], b[s.args["saved"][1]], True,
-        s.args["eps"], b[s.args["dx"]], b[s.args["grads"][0]], b[s.args["grads"][1]])),
+    "bn_act_forward": lambda b, s: (_C.bn_act_forward_train, (
+        b[s.reads[0]], b[s.reads[1]], b[s.reads[2]], b[s.reads[3]], b[s.reads[4]], s.args["momentum"],
+        s.args["eps"], b[s.writes[0]], b[s.args["saved"][0]], b[s.args["saved"][1]], s.args["act"], s.args["slope"])),
+    "bn_act_backward": lambda b, s: (_C.bn_act_backward, (
+        b[s.args["x"]], b.get(s.args["y"]), b[s.args["dy"]], b[s.args["gamma"]], b[s.args["saved"][0]],
+        b[s.args["saved"][1]], b.get(s.args["dx"]), b[s.args["grads"][0]], b[s.args["grads"][1]], s.args["act"],
+        s.args["slope"])),
     "fold_batch_norm": lambda b, s: (_C.fold_batch_norm, (
         b[s.reads[0]], b.get(s.args["bias"]), *(b[n] for n in s.args["stats"]), s.args["eps"],
         b[s.writes[0]], b[s.writes[1]])),

@@ -135,34 +135,43 @@ class CompiledInference:
         if device_in or len(starts) < 3:
             self._chunks(x, out, starts, device_in)
             return out
-        self._chunks(x, out, starts[:1], False)     # plans, captures and chooses the full-size bucket
-        full = [s for s in starts[1:] if s + step <= n]
+        ready = self._runners.get(step)
+        if ready is None or not ready.ready:
+            self._chunks(x, out, starts[:1], False)     # plans, captures and chooses the full-size bucket
+            starts = starts[1:]
         if self._fused is not None and self._fused.cluster(step) is not None:
-            self._chunks(x, out, starts[1:], False)
+            self._chunks(x, out, starts, False)
             return out
-        self._pipelined(x, out, full)
-        self._chunks(x, out, [s for s in starts[1:] if s + step > n], False)
+        self._pipelined(x, out, starts)
         return out
 
     def _pipelined(self, x, out, starts):
-        """Full-size chunks of a numpy input through the plan's graph with the copies overlapped
-        (cpp/pipe.cu): the host copies chunk k into pinned memory while the device runs chunk k - 1."""
-        step = BUCKETS[-1]
+        """Chunks of a numpy input through the full-size bucket's graph with the copies overlapped
+        (cpp/pipe.cu): the host copies chunk k into pinned memory while the device runs chunk k - 1.
+        The last chunk may be short: it runs in the full bucket too (as ``_chunks`` would: no bucket
+        lies between 256 and 1024 rows), its rows past the end being the previous chunk's, whose
+        results are not read (rows are independent in eval mode)."""
+        step, n = BUCKETS[-1], x.shape[0]
         _, runner = self._runner(step)
         xin, res = runner.bound.arrays["x"], runner.bound.arrays[runner.plan.output]
         if self._pipe is None:
             self._pipe = _C.Pipe(xin.nbytes, res.nbytes)
         pipe, pending = self._pipe, None
         for k, start in enumerate(starts):
-            slot = k % 2
-            pipe.upload(slot, xin, np.ascontiguousarray(x[start:start + step]))
+            slot, m = k % 2, min(step, n - start)
+            if m <= 256:                      # a short tail has a bucket of its own
+                break
+            pipe.upload(slot, xin if m == step else xin[:m], np.ascontiguousarray(x[start:start + m]))
             runner.launch()
-            pipe.download(slot, res)
+            pipe.download(slot, res if m == step else res[:m])
             if pending is not None:
-                pipe.finish(pending[0], out[pending[1]:pending[1] + step])
-            pending = (slot, start)
+                pipe.finish(pending[0], out[pending[1]:pending[2]])
+            pending = (slot, start, start + m)
         if pending is not None:
-            pipe.finish(pending[0], out[pending[1]:pending[1] + step])
+            pipe.finish(pending[0], out[pending[1]:pending[2]])
+        tail = [s for s in starts if n - s <= 256]
+        if tail:
+            self._chunks(x, out, tail, False)
 
     def _chunks(self, x, out, starts, device_in):
         """The chunks of ``x`` at ``starts`` one after the other, each on its bucket's backend."""

@@ -30,12 +30,26 @@ _GEMM = "cublasSgemm"
 ACT_BACKWARD_CHUNK = 8192
 
 
+BN_IN_BLOCK_CHANNELS = 4096      # compiled_norm.cu's kInBlockChannels
+
+
+def _bn_kernels(channels, backward=False):
+    """What cydnn_bn_act_forward_train / cydnn_bn_act_backward launch: partial sums, then the element-wise pass,
+    which adds the partial sums itself up to BN_IN_BLOCK_CHANNELS channels (a finalize kernel beyond)."""
+    kind = "grad" if backward else "stats"
+    wide = (f"bn_{kind}_finalize_kernel",) if channels > BN_IN_BLOCK_CHANNELS else ()
+    return (f"bn_{kind}_partial_kernel",) + wide + ("bn_dx_kernel" if backward else "bn_apply_kernel",)
+
+
 def _act_backward_kernels(shape, bias):
-    """What cydnn_bias_act_backward launches for an output of ``shape``: the activation derivative and
-    each block's partial bias sums, plus a kernel adding the partials when a channel spans several blocks."""
+    """What cydnn_bias_act_backward launches for an output of ``shape``: without a bias, one element-wise
+    kernel; with one, the activation derivative and each block's partial bias sums, plus a kernel adding
+    the partials when a channel spans several blocks."""
+    if not bias:
+        return ("act_backward_kernel",)
     per_channel = shape[0] * math.prod(shape[2:])
     chunks = -(-per_channel // ACT_BACKWARD_CHUNK)
-    return ("act_backward_partial_kernel",) + (("bias_sum_kernel",) if bias and chunks > 1 else ())
+    return ("act_backward_partial_kernel",) + (("bias_sum_kernel",) if chunks > 1 else ())
 
 
 def param_names(groups):
@@ -116,10 +130,12 @@ def _forward(plan, i, group, src, dst, training):
         plan.add(kind + "_forward", f"{name} {op}", (src,), (dst,), ("cudnnPoolingForward",), **node.attrs)
     elif op == "batch_norm":
         stats = (f"{name}.weight", f"{name}.bias", f"{name}.running_mean", f"{name}.running_var")
-        if training:
+        if training:            # compiled_norm.cu: the batch's statistics, then normalisation + activation
             saved = (plan.buffer(f"bnmean{i}", (node.in_shape[1],)), plan.buffer(f"bnistd{i}", (node.in_shape[1],)))
-            plan.add("batch_norm_forward", f"{name} batch_norm", (src,) + stats, (dst,) + saved + stats[2:],
-                     ("cudnnBatchNormalizationForwardTraining",), training=True, saved=saved, **node.attrs)
+            what = f"batch_norm + {group['act'].op}" if act else "batch_norm"
+            plan.add("bn_act_forward", f"{name} {what}", (src,) + stats, (dst,) + saved + stats[2:],
+                     _bn_kernels(node.in_shape[1]), saved=saved, act=act, slope=slope, **node.attrs)
+            return
         else:
             plan.add("batch_norm_forward", f"{name} batch_norm", (src,) + stats, (dst,),
                      ("cudnnBatchNormalizationForwardInference",), training=False, saved=(None, None), **node.attrs)
@@ -183,17 +199,14 @@ def _backward(plan, i, group, x, y, dy, dx):
             kernels = ((_GEMM,) if dx else ()) + (_GEMM,)
             plan.add("linear_backward", f"{name} backward", (x, w, dy), ((dx,) if dx else ()) + ("d:" + w,),
                      kernels, dx=dx, dw="d:" + w)
-    elif op == "batch_norm":
-        if act:
-            plan.add("bias_act_backward", f"{name} {group['act'].op} backward", (y, dy), (dy,),
-                     _act_backward_kernels(node.out_shape, False), act=act, slope=slope, dx=dy, dbias=None)
-        if dx is None:          # cuDNN's backward always writes dx: give it a buffer of its own
-            dx = plan.buffer(f"bn_dx{i}", node.in_shape, role="grad")
+    elif op == "batch_norm":    # compiled_norm.cu: the activation's derivative folded into the sums and dx
         saved = (f"bnmean{i}", f"bnistd{i}")
         grads = ("d:" + name + ".weight", "d:" + name + ".bias")
-        plan.add("batch_norm_backward", f"{name} batch_norm backward", (x, dy, name + ".weight") + saved,
-                 (dx,) + grads, ("cudnnBatchNormalizationBackward",), eps=node.attrs["eps"], dx=dx, grads=grads,
-                 saved=saved)
+        what = f"{group['act'].op} + batch_norm" if act else "batch_norm"
+        plan.add("bn_act_backward", f"{name} {what} backward",
+                 (x,) + ((y,) if act else ()) + (dy, name + ".weight") + saved, ((dx,) if dx else ()) + grads,
+                 _bn_kernels(node.in_shape[1], backward=True), x=x, y=y if act else None, dy=dy, gamma=name + ".weight",
+                 act=act, slope=slope, dx=dx, grads=grads, saved=saved)
     elif dx is None:
         return
     elif op in ACTIVATIONS:

@@ -28,6 +28,7 @@ build/mutation/<module>.json.  ``--jobs`` sets mutmut's workers (default 1: the 
 machines have 2 cores shared with others).
 """
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -99,11 +100,15 @@ def mutmut(*args, cwd, capture=False):
                           stderr=subprocess.STDOUT if capture else subprocess.DEVNULL)
 
 
-def read_results(scratch):
-    """Counts per outcome and the names of the surviving (and untested) mutants."""
+def read_results(scratch, only=()):
+    """Counts per outcome and the names of the surviving (and untested) mutants; with ``only``
+    (globs under python/, e.g. 'cydnn/datasets/loader.py'), of the mutants of those files alone."""
     counts = {"killed": 0, "survived": 0, "no_tests": 0, "skipped": 0, "not_checked": 0}
     survivors = []
     for meta in sorted((scratch / "mutants" / "src").rglob("*.py.meta")):
+        source = meta.relative_to(scratch / "mutants" / "src").as_posix()[:-len(".meta")]
+        if only and not any(fnmatch.fnmatch(source, g) for g in only):
+            continue
         for key, code in json.loads(meta.read_text())["exit_code_by_key"].items():
             if code in KILLED:
                 counts["killed"] += 1
@@ -161,7 +166,7 @@ def run_module(name, scratch_root, args):
         if not (scratch / "mutants").is_dir():
             print(f"{name:14s} not run: --retest-survivors needs a previous run kept in {scratch}")
             return None
-        again = read_results(scratch)[1]
+        again = read_results(scratch, args.only)[1]
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
         shutil.rmtree(scratch / "tests")               # today's tests; the mutated sources stay as they were
         shutil.copytree(ROOT / "tests", scratch / "tests", ignore=ignore, symlinks=True)
@@ -185,7 +190,7 @@ def run_module(name, scratch_root, args):
 
 
 def read_score(name, scratch, args, seconds, out=None, sources=(), tests=()):
-    counts, survivors = read_results(scratch)
+    counts, survivors = read_results(scratch, args.only)
     total = counts["killed"] + counts["survived"] + counts["no_tests"]
     if (out is not None and out.returncode != 0) or total == 0:
         print(f"{name:14s} mutmut failed" + (f" (exit {out.returncode}):\n{out.stdout[-3000:]}" if out else ""))
@@ -194,8 +199,9 @@ def read_score(name, scratch, args, seconds, out=None, sources=(), tests=()):
     diffs = survivor_diffs(scratch, survivors) if (args.survivors or args.json) else {}
     report = ROOT / "build" / "mutation"
     report.mkdir(parents=True, exist_ok=True)
-    (report / f"{name.replace('/', '_')}.json").write_text(json.dumps(
-        {"module": name, "sources": sources, "tests": tests, **counts, "score": score, "seconds": seconds,
+    label = name.replace('/', '_') + "".join("-" + Path(g).stem for g in args.only)
+    (report / f"{label}.json").write_text(json.dumps(
+        {"module": name, "only": args.only, "sources": sources, "tests": tests, **counts, "score": score, "seconds": seconds,
          "survivors": {k: diffs.get(k, "") for k in survivors}}, indent=1))
     print(f"{name:14s} killed {counts['killed']:4d}  survived {counts['survived']:3d}  "
           f"untested {counts['no_tests']:3d}  score {score:6.1%}  ({seconds:.0f} s)", flush=True)
@@ -220,7 +226,13 @@ def main(argv=None):
     p.add_argument("--retest-survivors", action="store_true",
                    help="with --keep DIR of an earlier run: copy today's tests in and re-test only its survivors "
                         "(after adding tests that should kill them; the sources must not have changed)")
+    p.add_argument("--only", action="append", default=[], metavar="GLOB",
+                   help="with --retest-survivors: re-test and score only the mutants of these files, under "
+                        "python/ (e.g. 'cydnn/datasets/loader.py'); repeatable. The score printed and the json "
+                        "(build/mutation/<module>-<file>.json) are for those files alone")
     args = p.parse_args(argv)
+    if args.only and not args.retest_survivors:
+        p.error("--only goes with --retest-survivors (a fresh run scopes its files with --skip)")
     names = list(TABLE) if (args.all or (args.list and not args.modules)) else args.modules
     unknown = [n for n in names if n not in TABLE]
     if unknown or not names:

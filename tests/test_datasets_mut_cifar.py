@@ -151,19 +151,36 @@ def test_load_without_mirrors_uses_the_default_ones(tmp_path, monkeypatch):
     _check_splits(train, test, tmp_path / "c")
 
 
+def _lose_the_archive_after_each_read(monkeypatch):
+    """The cached archive disappears after each split has read it (another process cleaning the
+    cache), so the test split must fetch it again: it needs the same mirrors and download=."""
+    real = C._read_archive
+    reads = []
+
+    def read_then_lose(path, wanted, records):
+        out = real(path, wanted, records)
+        os.unlink(path)
+        reads.append(wanted)
+        return out
+    monkeypatch.setattr(C, "_read_archive", read_then_lose)
+    return reads
+
+
+def test_load_passes_mirrors_and_download_to_both_splits(tmp_path, monkeypatch):
+    m = mirror(tmp_path / "m")
+    reads = _lose_the_archive_after_each_read(monkeypatch)
+    train, test = load_cifar10(tmp_path / "c", mirrors=[m], download=True)
+    _check_splits(train, test, tmp_path / "c")
+    assert reads == [C.TRAIN_MEMBERS, C.TEST_MEMBERS]
+
+
 def test_load_passes_download_false_to_both_splits(tmp_path, monkeypatch):
     m = mirror(tmp_path / "m")
     with pytest.raises(FileNotFoundError, match=f"CIFAR10: {NAME} is not in"):
         load_cifar10(tmp_path / "c", mirrors=[m], download=False)
     assert not (tmp_path / "c").exists()
     # The training split finds the archive, the test split does not: it must not download it.
-    real = C._read_archive
-
-    def read_then_lose(path, wanted, records):
-        out = real(path, wanted, records)
-        os.unlink(path)
-        return out
-    monkeypatch.setattr(C, "_read_archive", read_then_lose)
+    _lose_the_archive_after_each_read(monkeypatch)
     mirror(tmp_path / "c" / "cifar-10")
     with pytest.raises(FileNotFoundError, match=f"CIFAR10: {NAME} is not in"):
         load_cifar10(tmp_path / "c", mirrors=[m], download=False)

@@ -445,10 +445,11 @@ def test_a_corrupt_archive_is_refused_naming_the_error(tmp_path, monkeypatch, ki
     if kind == "plain-tar":
         data = plain
     elif kind == "cut-gzip":
-        data = gzip.compress(plain[:512 * 4 + 100], mtime=0)          # inside the second batch's data
-    else:
+        data = gzip.compress(plain[:512 * 4 + 100], mtime=0)          # inside data_batch_1's bytes,
+    else:                                                              # which the training split reads
         data = gzip.compress(plain[:100], mtime=0)                     # inside the first header
-    assert _refused(tmp_path, monkeypatch, data) == f"{where(tmp_path)} is truncated or corrupt ({detail})"
+    assert _refused(tmp_path, monkeypatch, data, train=kind == "cut-gzip") == \
+        f"{where(tmp_path)} is truncated or corrupt ({detail})"
 
 
 def test_extra_entries_are_skipped_and_order_is_the_wanted_one(tmp_path, monkeypatch):

@@ -135,6 +135,11 @@ cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, si
 cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes);
+/* Pinned host memory mapped into the device's address space (cudaHostAllocMapped): a kernel
+ * reads and writes it over PCIe through *device, with no copy on the stream (for inputs and
+ * outputs of a few KB, where a copy's latency is most of the cost).  Free with cydnn_host_free. */
+cydnnStatus_t cydnn_host_alloc_mapped(cydnnContext *ctx, size_t nbytes, void **host, void **device);
+cydnnStatus_t cydnn_host_free(void *host);
 
 /* A copy pipe (pipe.cu): two slots, each a pinned input and output buffer, so that
  * the host copies one chunk of a numpy array into pinned memory while the device

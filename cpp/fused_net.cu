@@ -397,7 +397,8 @@ __global__ void __launch_bounds__(kNetThreads)
     float *cur = smem, *next = smem + buf_floats, *wbuf = smem + 2L * buf_floats;
     const long in_size = net.in_size;
     const float *src = x + image * in_size;
-    for (long i = threadIdx.x; i < in_size; i += blockDim.x) cur[i] = __ldg(src + i);
+    // plain loads: x may be mapped host memory (read over PCIe), which the read-only path is not for
+    for (long i = threadIdx.x; i < in_size; i += blockDim.x) cur[i] = src[i];
     cluster.sync();   // every block has started (its shared memory may be written) and has its input
     for (int l = 0; l < net.num_layers; ++l) {
         const cydnnNetLayer &L = net.layers[l];

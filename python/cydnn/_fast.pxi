@@ -3,7 +3,7 @@
 # and shapes in, a status out turned into the library's exception; the shape
 # checks live in python/cydnn/fast/ and ops/_check.py.
 
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 LENET_MAX_CLASSES = CYDNN_LENET_MAX_CLASSES
 LENET_MAX_TRAIN_BATCH = CYDNN_LENET_MAX_TRAIN_BATCH

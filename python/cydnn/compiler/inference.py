@@ -3,6 +3,7 @@
 A plan and graph per batch bucket (binding.py), the hand-fused LeNet-5 kernel for raw images of a
 LeNet-5, and the fused network (fused_net.py) for the buckets where it measures faster.
 """
+import bisect
 import os
 import threading
 import weakref
@@ -149,6 +150,10 @@ class CompiledInference:
             raise ValueError(f"compiled inference: x must be float32 (N, {', '.join(map(str, self.input_shape))}),"
                              f" got {x.dtype} {tuple(x.shape)}")
         n = x.shape[0]
+        if not device_in and 0 < n <= BUCKETS[-1] and self._fused is not None:
+            cluster = self._fused.cluster(BUCKETS[bisect.bisect_left(BUCKETS, n)])
+            if cluster not in (None, "?"):         # one chunk on the fused network, chosen before: one C call
+                return self._fused.net.run_host(x, cluster)
         out = _C.empty((n,) + self.out_shape) if device_in else np.empty((n,) + self.out_shape, np.float32)
         step = BUCKETS[-1]
         starts = list(range(0, n, step))

@@ -176,6 +176,7 @@ cdef extern from "cydnn.h" nogil:
     enum: CYDNN_LENET_NUM_PARAMS
     enum: CYDNN_INPUT_U8
     enum: CYDNN_INPUT_F32
+    enum: CYDNN_INPUT_F32_FULL
     enum: CYDNN_OPT_SGD
     enum: CYDNN_OPT_ADAM
     enum: CYDNN_OPT_ADAMW

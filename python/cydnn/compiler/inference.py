@@ -92,8 +92,8 @@ class CompiledInference:
     def _plan_lenet(self):
         """The fused LeNet-5 kernel (cpp/fastpath.cu) for numpy inputs, where the network is LeNet-5:
         raw images with ``preprocess``; else float32 (N, 1, 28, 28) inputs as they are (the kernel's
-        normalisation with mean 0 and std 1 is exact: (x - 0) / 1 = x).  A classic LeNet-5 takes
-        (1, 32, 32) inputs, which the kernel (28x28, padded by 2 inside) takes only from preprocess."""
+        normalisation with mean 0 and std 1 is exact: (x - 0) / 1 = x), classic (N, 1, 32, 32) at
+        its full size (CYDNN_INPUT_F32_FULL: not padded again)."""
         if not self.fused or not self.softmax:
             self.lenet_reason = "the fused LeNet-5 kernel needs softmax=True and fused=True"
             return
@@ -106,16 +106,14 @@ class CompiledInference:
             if self.fused_net_mode == "force":
                 self.lenet_reason = "fused_net='force' asks for the fused network"
                 return
-            if found[0]:
-                self.lenet_reason = "a classic LeNet-5 runs its fused kernel on raw 28x28 images only (preprocess)"
-                return
             mean, std = 0.0, 1.0
         elif self.preprocess[2] != (2 if found[0] else 0):
             self.lenet_reason = f"input padding {self.preprocess[2]} is not LeNet-5's"
             return
         else:
             mean, std, _ = self.preprocess
-        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph)
+        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph,
+                                           full=self.preprocess is None)
         self.lenet_reason = None
 
     def _runner(self, n):
@@ -139,8 +137,8 @@ class CompiledInference:
                 return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
             # numpy floats are 4x the bytes of the raw images the kernel's own copy path was made for:
             # from three chunks on, the plan's pipe (copies on several threads, overlapped) is faster
-            if x.dtype == np.float32 and x.shape[1:] == (1, 28, 28) and x.shape[0] <= 2 * BUCKETS[-1]:
-                return self._lenet(x.reshape(x.shape[0], 28, 28))
+            if x.dtype == np.float32 and x.shape[1:] == self.input_shape and x.shape[0] <= 2 * BUCKETS[-1]:
+                return self._lenet(x.reshape(x.shape[0], x.shape[2], x.shape[3]))
         if self.preprocess is not None and isinstance(x, np.ndarray):
             x = self._preprocess(x)
         device_in = isinstance(x, _C.DeviceArray)

@@ -135,6 +135,11 @@ cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, si
 cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes);
+/* Pinned host memory mapped into the device's address space (cudaHostAllocMapped): a kernel
+ * reads and writes it over PCIe through *device, with no copy on the stream (for inputs and
+ * outputs of a few KB, where a copy's latency is most of the cost).  Free with cydnn_host_free. */
+cydnnStatus_t cydnn_host_alloc_mapped(cydnnContext *ctx, size_t nbytes, void **host, void **device);
+cydnnStatus_t cydnn_host_free(void *host);
 
 /* A copy pipe (pipe.cu): two slots, each a pinned input and output buffer, so that
  * the host copies one chunk of a numpy array into pinned memory while the device
@@ -351,14 +356,18 @@ typedef struct {
     const float *p[CYDNN_LENET_NUM_PARAMS];   /* in the order above */
 } cydnnLeNetWeights;
 
-enum { CYDNN_INPUT_U8 = 0, CYDNN_INPUT_F32 = 1 };
+/* Inputs of the LeNet-5 kernels: raw 28x28 images, uint8 (pixel / 255) or float32 (as is),
+ * padded by the kernel (classic: 2 pixels); or float32 at the network's own input size (classic
+ * 32x32, modern 28x28), padding included, taken as they are (CYDNN_INPUT_F32_FULL). */
+enum { CYDNN_INPUT_U8 = 0, CYDNN_INPUT_F32 = 1, CYDNN_INPUT_F32_FULL = 2 };
 
 /* Number of floats of parameter i (0..9) of a LeNet-5; -1 for a bad i. */
 long cydnn_lenet_param_size(int classic, int num_classes, int i);
 
 /* The whole forward, device in, device out.  images (n, 28, 28): uint8
- * (pixel / 255) or float32 (taken as is), padded (classic: 2 pixels),
- * normalised (v - mean) / std.  out (n, num_classes): logits, or
+ * (pixel / 255) or float32 (taken as is), padded (classic: 2 pixels);
+ * CYDNN_INPUT_F32_FULL: (n, 32, 32) classic / (n, 28, 28) modern float32, not
+ * padded again; then normalised (v - mean) / std.  out (n, num_classes): logits, or
  * probabilities when softmax = 1.  n_dev: if not NULL, the image count is
  * read from this device int (at most n) -- what a captured graph replays. */
 cydnnStatus_t cydnn_lenet_forward(cydnnContext *ctx, int classic, int num_classes,
@@ -418,7 +427,8 @@ cydnnStatus_t cydnn_graph_launch(cydnnContext *ctx, cydnnGraph *graph);
 int cydnn_graph_kernel_count(const cydnnGraph *graph);
 void cydnn_graph_destroy(cydnnGraph *graph);
 
-/* numpy in, numpy out: host images (n, 28, 28) uint8 or float32, host
+/* numpy in, numpy out: host images (n, 28, 28) uint8 or float32 (or the
+ * network's own size with CYDNN_INPUT_F32_FULL: classic (n, 32, 32)), host
  * probabilities (n, num_classes).  Small n: a captured graph per bucket of
  * sizes (copy up, forward, copy down); large n: chunks through two pinned
  * buffers so that the host copy of one chunk overlaps the GPU work of the

@@ -145,6 +145,12 @@ constexpr int kChunk = 4096;      // images per chunk on the large path
 constexpr size_t kHeader = 16;    // bytes before the images: int n
 
 size_t elem_size(int kind) { return kind == CYDNN_INPUT_U8 ? 1 : 4; }
+constexpr size_t kMaxImageBytes = 32 * 32 * sizeof(float);   // the largest: a classic full-size float image
+
+// Bytes of one input image: 28x28 raw, or the network's own size (classic 32x32) for F32_FULL.
+size_t image_bytes(int classic, int kind) {
+    return (kind == CYDNN_INPUT_F32_FULL && classic ? 32 * 32 : 28 * 28) * elem_size(kind);
+}
 
 struct Small {  // one per input kind: mapped pinned memory, read and written by the kernel itself
     void *h_in = nullptr, *d_in = nullptr;   // [header | kSmallMax images]; d_in is h_in seen from the GPU
@@ -152,7 +158,7 @@ struct Small {  // one per input kind: mapped pinned memory, read and written by
     cydnnGraph *graphs[kBuckets] = {};
 };
 
-struct Large {  // shared by both kinds (sized for float input)
+struct Large {  // shared by every kind (sized for the largest image)
     void *h_in[2] = {}, *d_in[2] = {};
     float *h_out[2] = {}, *d_out[2] = {};
     cudaEvent_t done[2] = {};
@@ -165,7 +171,7 @@ struct cydnnPredictor {
     int classic = 0, nc = 10, use_graphs = 1;
     float mean = 0, std = 1;
     cydnnLeNetWeights weights{};   // what the graphs were captured with
-    Small small[2];
+    Small small[3];                // by input kind
     Large large;
 };
 
@@ -192,7 +198,7 @@ cydnnStatus_t host_alloc(void **ptr, size_t bytes) {
 cydnnStatus_t ensure_small(cydnnPredictor *p, int kind) {
     Small &s = p->small[kind];
     if (s.h_in != nullptr) return CYDNN_STATUS_SUCCESS;
-    const size_t in_bytes = kHeader + (size_t)kSmallMax * 784 * elem_size(kind);
+    const size_t in_bytes = kHeader + (size_t)kSmallMax * image_bytes(p->classic, kind);
     const size_t out_bytes = sizeof(float) * (size_t)kSmallMax * p->nc;
     CYDNN_CUDA(kPredictOp, cudaHostAlloc(&s.h_in, in_bytes, cudaHostAllocMapped));
     CYDNN_CUDA(kPredictOp, cudaHostAlloc((void **)&s.h_out, out_bytes, cudaHostAllocMapped));
@@ -204,7 +210,7 @@ cydnnStatus_t ensure_small(cydnnPredictor *p, int kind) {
 cydnnStatus_t ensure_large(cydnnPredictor *p) {
     Large &l = p->large;
     if (l.h_in[0] != nullptr) return CYDNN_STATUS_SUCCESS;
-    const size_t in_bytes = (size_t)kChunk * 784 * sizeof(float);
+    const size_t in_bytes = (size_t)kChunk * kMaxImageBytes;
     const size_t out_bytes = sizeof(float) * (size_t)kChunk * p->nc;
     for (int i = 0; i < 2; ++i) {
         CYDNN_TRY(host_alloc(&l.h_in[i], in_bytes));
@@ -231,7 +237,7 @@ cydnnStatus_t run_small(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
     while ((1 << b) < n) ++b;
     const int bucket = 1 << b;
     *(int *)s.h_in = n;
-    std::memcpy((char *)s.h_in + kHeader, images, (size_t)n * 784 * elem_size(kind));
+    std::memcpy((char *)s.h_in + kHeader, images, (size_t)n * image_bytes(p->classic, kind));
     if (p->use_graphs) {
         if (s.graphs[b] == nullptr) {
             CYDNN_TRY(cydnn_graph_begin(p->ctx));
@@ -256,7 +262,7 @@ cydnnStatus_t run_large(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
     CYDNN_TRY(ensure_large(p));
     Large &l = p->large;
     cudaStream_t st = p->ctx->stream;
-    const size_t es = elem_size(kind);
+    const size_t es = image_bytes(p->classic, kind);   // bytes per image
     const int chunks = (n + kChunk - 1) / kChunk;
     // Copy chunk c's probabilities out of its slot once its event has fired.
     auto drain = [&](int c) -> cydnnStatus_t {
@@ -270,8 +276,8 @@ cydnnStatus_t run_large(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
         const int slot = c & 1;
         const int cn = (c == chunks - 1) ? n - c * kChunk : kChunk;
         if (c >= 2) CYDNN_TRY(drain(c - 2));   // frees the slot
-        std::memcpy(l.h_in[slot], (const char *)images + (size_t)c * kChunk * 784 * es, (size_t)cn * 784 * es);
-        CYDNN_CUDA(kPredictOp, cudaMemcpyAsync(l.d_in[slot], l.h_in[slot], (size_t)cn * 784 * es,
+        std::memcpy(l.h_in[slot], (const char *)images + (size_t)c * kChunk * es, (size_t)cn * es);
+        CYDNN_CUDA(kPredictOp, cudaMemcpyAsync(l.d_in[slot], l.h_in[slot], (size_t)cn * es,
                                                cudaMemcpyHostToDevice, st));
         CYDNN_TRY(cydnn_lenet_forward(p->ctx, p->classic, p->nc, w, l.d_in[slot], kind, cn, nullptr, p->mean,
                                       p->std, 1, l.d_out[slot]));
@@ -307,7 +313,8 @@ cydnnStatus_t cydnn_predictor_run(cydnnPredictor *p, const cydnnLeNetWeights *w,
                                   int input_kind, int n, float *host_probs) {
     CYDNN_REQUIRE(kPredictOp, p != nullptr && w != nullptr, "predictor or weights is NULL");
     CYDNN_REQUIRE(kPredictOp, host_images != nullptr && host_probs != nullptr, "a host pointer is NULL");
-    CYDNN_REQUIRE(kPredictOp, input_kind == CYDNN_INPUT_U8 || input_kind == CYDNN_INPUT_F32,
+    CYDNN_REQUIRE(kPredictOp, input_kind == CYDNN_INPUT_U8 || input_kind == CYDNN_INPUT_F32 ||
+                                  input_kind == CYDNN_INPUT_F32_FULL,
                   "unknown input kind %d", input_kind);
     CYDNN_REQUIRE(kPredictOp, n >= 1, "n must be >= 1, got %d", n);
     if (std::memcmp(&p->weights, w, sizeof(*w)) != 0) {  // other arrays: the graphs are stale

@@ -123,7 +123,8 @@ cydnnStatus_t cydnn_lenet_forward(cydnnContext *ctx, int classic, int num_classe
     CYDNN_REQUIRE(op, n >= 1, "n must be >= 1, got %d", n);
     CYDNN_REQUIRE(op, num_classes >= 1 && num_classes <= CYDNN_LENET_MAX_CLASSES,
                   "num_classes must be in [1, %d], got %d", CYDNN_LENET_MAX_CLASSES, num_classes);
-    CYDNN_REQUIRE(op, input_kind == CYDNN_INPUT_U8 || input_kind == CYDNN_INPUT_F32,
+    CYDNN_REQUIRE(op, input_kind == CYDNN_INPUT_U8 || input_kind == CYDNN_INPUT_F32 ||
+                          input_kind == CYDNN_INPUT_F32_FULL,
                   "unknown input kind %d", input_kind);
     return classic ? launch_forward<true>(ctx, num_classes, w, images, input_kind, n, n_dev, mean, std,
                                           softmax, out)

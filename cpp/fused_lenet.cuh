@@ -108,7 +108,8 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // ------------------------------------------------------------ inputs
-// Raw images (28x28, uint8 / 255 or float as is) -> padded, normalised x.
+// Raw images (28x28, uint8 / 255 or float as is) -> padded, normalised x; or float images of
+// the network's own input size (CYDNN_INPUT_F32_FULL) -> normalised x.
 template <bool CL>
 __device__ void load_raw(const void *images, int kind, int first, int G, int S, float mean,
                          float std, float *sm) {
@@ -117,7 +118,9 @@ __device__ void load_raw(const void *images, int kind, int first, int G, int S, 
         const int g = idx / (N::IN * N::IN), p = idx - g * N::IN * N::IN;
         const int iy = p / N::IN - N::PAD, ix = p % N::IN - N::PAD;
         float v = 0.0f;
-        if (iy >= 0 && iy < 28 && ix >= 0 && ix < 28) {
+        if (kind == CYDNN_INPUT_F32_FULL) {          // the network's own input size, padding included
+            v = ((const float *)images)[(long)(first + g) * N::IN * N::IN + p];
+        } else if (iy >= 0 && iy < 28 && ix >= 0 && ix < 28) {
             const long src = (long)(first + g) * 784 + iy * 28 + ix;
             v = kind == CYDNN_INPUT_U8 ? (float)((const uint8_t *)images)[src] / 255.0f
                                        : ((const float *)images)[src];

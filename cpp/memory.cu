@@ -233,3 +233,25 @@ extern "C" cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_val
     CYDNN_CUDA(op, cudaMemsetAsync(dst, byte_value, nbytes, ctx->stream));
     return CYDNN_STATUS_SUCCESS;
 }
+
+extern "C" cydnnStatus_t cydnn_host_alloc_mapped(cydnnContext *ctx, size_t nbytes, void **host, void **device) {
+    const char *op = "host_alloc_mapped";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, host != nullptr && device != nullptr, "NULL pointer");
+    CYDNN_REQUIRE(op, nbytes > 0, "nbytes must be > 0");
+    *host = *device = nullptr;
+    CYDNN_CUDA(op, cudaHostAlloc(host, nbytes, cudaHostAllocMapped));
+    const cudaError_t e = cudaHostGetDevicePointer(device, *host, 0);
+    if (e != cudaSuccess) {
+        cudaFreeHost(*host);
+        *host = *device = nullptr;
+        return cydnn::cuda_failure(e, op, "cudaHostGetDevicePointer");
+    }
+    return CYDNN_STATUS_SUCCESS;
+}
+
+extern "C" cydnnStatus_t cydnn_host_free(void *host) {
+    if (host == nullptr) return CYDNN_STATUS_SUCCESS;
+    CYDNN_CUDA("host_free", cudaFreeHost(host));
+    return CYDNN_STATUS_SUCCESS;
+}

@@ -1,5 +1,6 @@
 """Helpers shared by the fault tests: environments for child processes, private tmpfs mounts."""
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,14 @@ TESTS = Path(__file__).resolve().parent
 #: PYTHONPATH for a child process: the cydnn this test process imported, then tests/.
 PYTHONPATH = os.pathsep.join([str(Path(cydnn.__file__).resolve().parents[1]), str(TESTS)]
                              + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+
+
+def interruptible():
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: Ctrl-C at its default.  A suite
+    started in the background (``pytest &``, nohup, some CI runners) runs with SIGINT ignored, which
+    children inherit; Python then installs no KeyboardInterrupt handler in them, and cydnn's training
+    guard deliberately leaves an ignored SIGINT ignored -- the child would never stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def child_env(**extra):

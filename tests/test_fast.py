@@ -105,6 +105,46 @@ def test_fast_predict_refuses_what_the_reference_refuses(mnist):
 
 
 @gpu
+@pytest.mark.parametrize("classic", [False, True])
+def test_compiled_inference_of_lenet_on_float_inputs_uses_the_fused_kernel(classic, mnist):
+    """``cydnn.compile(lenet, input_shape, softmax=True)`` without preprocessing: float32 numpy inputs of
+    the network's own size ((N, 1, 28, 28); classic (N, 1, 32, 32), padding included) of up to two chunks
+    run on the fused LeNet-5 kernel (mean 0, std 1: the inputs as they are) with the reference's
+    probabilities; more rows and DeviceArrays keep the plan."""
+    model = _trained(classic, mnist, steps=50)
+    side = 32 if classic else 28
+    shape = (1, side, side)
+    infer = cydnn.compile(model, input_shape=shape, softmax=True)
+    images = mnist[2][:3100].astype(np.float32) / 255
+    x = ((np.pad(images, ((0, 0), (2, 2), (2, 2))) if classic else images) - model.mean) / model.std
+    x = np.ascontiguousarray(x[:, None], dtype=np.float32)
+    x[0, 0, 0, :] = 3.0                     # a border that is not the padding a raw image would get
+    for n in (1, 3, 1030, 3100):                            # up to two chunks the kernel, then the plan's pipe
+        want = model(_C.to_device(x[:n])).numpy()
+        want = np.exp(want - want.max(1, keepdims=True))
+        want /= want.sum(1, keepdims=True)
+        got = infer(x[:n])
+        assert got.shape == (n, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6, err_msg=f"n={n}")
+        np.testing.assert_allclose(infer(_C.to_device(x[:n])).numpy(), want, rtol=1e-5, atol=2e-6)
+    if classic:                              # the raw-image path: the same images, 28x28, padded by the kernel
+        np.testing.assert_allclose(infer(x[1:4]), model.predict(images[1:4]), rtol=1e-5, atol=2e-6)
+        with pytest.raises(TypeError, match="predict: full-size images must be float32, got uint8"):
+            infer._lenet._p(infer._lenet.params, np.zeros((1, 32, 32), np.uint8), True)
+    assert infer.info()["lenet"] == "fused kernel" and "numpy images run on the fused LeNet-5 kernel" in infer.explain()
+    with pytest.raises(ValueError, match=rf"x must be float32 \(N, 1, {side}, {side}\), got uint8"):
+        infer(np.zeros((2, 1, side, side), np.uint8))
+    with pytest.raises(ValueError, match=rf"x must be float32 \(N, 1, {side}, {side}\), got float32 \(2, 1, 27, 28\)"):
+        infer(np.zeros((2, 1, 27, 28), np.float32))
+    logits = cydnn.compile(model, input_shape=shape)
+    logits(x[:1])
+    assert logits.info()["lenet"] == "the fused LeNet-5 kernel needs softmax=True and fused=True"
+    forced = cydnn.compile(model, input_shape=shape, softmax=True, fused_net="force")
+    forced(x[:1])
+    assert forced.info()["lenet"] == "fused_net='force' asks for the fused network"
+
+
+@gpu
 def test_fast_predict_runs_other_models_on_the_generic_plan():
     model = models.LeNet5().to("cuda")
     model.extra = nn.ReLU()      # the layers changed: not LeNet-5 any more, but still a Sequential

@@ -20,7 +20,7 @@ from cydnn import datasets, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_idx  # noqa: E402
-from faultkit import child_env  # noqa: E402
+from faultkit import child_env, interruptible  # noqa: E402
 
 CLI = textwrap.dedent("""
     import sys
@@ -110,7 +110,8 @@ def start_and_interrupt(tmp_path, mirror, *extra, after_epochs=1):
     """Start a long run; once ``after_epochs`` epoch lines were printed, send SIGINT.
     Returns (process, seconds from SIGINT to exit, stdout, stderr)."""
     proc = subprocess.Popen(command(tmp_path, mirror, "--epochs", "100000", *extra), env=child_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=interruptible)
     lines = []
     try:
         while len(lines) < after_epochs:
@@ -165,7 +166,16 @@ def test_ctrl_c_outside_the_loop_is_also_short(monkeypatch, capsys):
     assert capsys.readouterr().err == "interrupted (Ctrl-C): training stopped\n"
 
 
-def test_the_guard_is_gone_after_training(monkeypatch):
+@pytest.fixture
+def sigint():
+    """The process's SIGINT handler, put back after the test (which sets its own)."""
+    saved = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
+def test_the_guard_is_gone_after_training(sigint):
+    signal.signal(signal.SIGINT, signal.default_int_handler)     # as in a terminal (the suite may run with it ignored)
     before = signal.getsignal(signal.SIGINT)
     undo = train._interrupt_guard([], 3)
     assert signal.getsignal(signal.SIGINT) is not before
@@ -174,6 +184,15 @@ def test_the_guard_is_gone_after_training(monkeypatch):
     undo()
     assert signal.getsignal(signal.SIGINT) is before
     assert issubclass(train.TrainingInterrupted, KeyboardInterrupt)
+
+
+def test_an_ignored_ctrl_c_stays_ignored(sigint):
+    """nohup or a background job: SIGINT ignored before training is left ignored (and put back as is)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    undo = train._interrupt_guard([], 3)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    undo()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_no_mirror_works_is_one_error_line_and_exit_1(tmp_path):

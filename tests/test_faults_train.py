@@ -9,6 +9,7 @@ import pytest
 
 import cydnn
 
+from faultkit import interruptible  # noqa: E402
 from mnist_data import FOLDER as MNIST, real_mnist  # noqa: E402,F401  (the one MNIST lookup: tests/mnist_data.py)
 pytestmark = pytest.mark.usefixtures("real_mnist")
 
@@ -51,7 +52,7 @@ def test_ctrl_c_stops_quickly_and_leaves_no_partial_checkpoint(tmp_path, previou
         cydnn.save(cydnn.models.LeNet5(seed=7), target)
         before = target.read_bytes()
     proc = subprocess.Popen(cmd(tmp_path, "--limit-train", "5000", "--epochs", "50", "--save", str(target)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     try:
         line = proc.stdout.readline()                    # the first epoch finished: training is under way
         assert line.startswith("epoch"), line + proc.stderr.read()

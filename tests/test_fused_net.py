@@ -149,6 +149,40 @@ def test_every_cluster_size_gives_the_reference_outputs(cluster, name):
 
 
 @gpu
+@pytest.mark.parametrize("name", ["cnn32", "odd", "mlp"])
+def test_mapped_and_staged_numpy_calls_give_the_same_bits(name):
+    """run_host takes up to MAPPED_ROWS images through mapped pinned memory (the kernel reads and writes
+    host memory), more through the staging buffers and two copies: the same kernel, the same bits; and the
+    numpy fast path of a compiled inference (one chunk, the fused network chosen) gives them too."""
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 256)
+    x = np.random.default_rng(5).standard_normal((fused_net.MAPPED_ROWS + 1,) + shape).astype(np.float32)
+    want = _reference(model, x)
+    for cluster in (1, 16):
+        for n in (1, 7, fused_net.MAPPED_ROWS):
+            mapped = net.run_host(x[:n], cluster)
+            assert net._mapped and net.mapped_reason is None
+            staged = np.empty_like(mapped)
+            net.tables[cluster].run_host(x[:n], staged, net._dx, net._dy, cluster)
+            np.testing.assert_array_equal(mapped, staged)
+            np.testing.assert_allclose(mapped, want[:n], rtol=1e-5, atol=2e-6)
+        bigger = net.run_host(x, cluster)             # one more than the mapped buffers hold: staged
+        np.testing.assert_array_equal(bigger[:fused_net.MAPPED_ROWS], net.run_host(x[:fused_net.MAPPED_ROWS], cluster))
+    xin, yout = net._mapped
+    with pytest.raises(ValueError, match=r"mapped buffers of \d+ and \d+ bytes cannot hold 65 images"):
+        net.tables[1].run_mapped(x, np.empty((65,) + want.shape[1:], np.float32), xin, yout, 1)
+    with pytest.raises(ValueError, match="must be C-contiguous float32 of n images"):
+        net.tables[1].run_mapped(x[:2].astype(np.float64), np.empty((2,) + want.shape[1:], np.float32), xin, yout, 1)
+    infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+    for n in (1, 3):
+        first = infer(x[:n])                          # chooses the cluster for the bucket
+        np.testing.assert_array_equal(infer(x[:n]), first)
+        np.testing.assert_allclose(first, want[:n], rtol=1e-5, atol=2e-6)
+
+
+@gpu
 def test_weights_updated_in_place_or_replaced_are_seen():
     make, shape = CASES["lenet_widths"]
     model = make().to("cuda")

@@ -26,6 +26,10 @@ Each module is run on its own scratch copy, with only its tests (the table below
 the files that really check the module, every extra file costs time per mutant.  Results go to
 build/mutation/<module>.json.  ``--jobs`` sets mutmut's workers (default 1: the CI and dev
 machines have 2 cores shared with others).
+
+``--retest-survivors`` re-runs mutmut in the kept folder: if its first step (one pass of the
+selected tests, to record which tests reach which function) fails, mutmut has already cleared the
+kept results.  Copy the folder before a retest you cannot afford to repeat.
 """
 import argparse
 import fnmatch

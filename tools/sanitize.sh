@@ -49,9 +49,10 @@ for tool in $TOOLS; do
       tests/test_compiler.py tests/test_layers_norm_gpu.py \
       -k "$COMPILER" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
-  # The fused network (fused_net.cu): every layer kind at every cluster size.
+  # The fused network (fused_net.cu): every layer kind at every cluster size; inputs and outputs in
+  # mapped host memory.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/test_fused_net.py -k "every_cluster" >>"$log" 2>&1
+      tests/test_fused_net.py -k "every_cluster or mapped_and_staged" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

@@ -64,6 +64,8 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes)
+    cydnnStatus_t cydnn_host_alloc_mapped(cydnnContext *ctx, size_t nbytes, void **host, void **device)
+    cydnnStatus_t cydnn_host_free(void *host)
 
     ctypedef struct cydnnConvGeometry:
         int n, c, h, w
@@ -174,6 +176,7 @@ cdef extern from "cydnn.h" nogil:
     enum: CYDNN_LENET_NUM_PARAMS
     enum: CYDNN_INPUT_U8
     enum: CYDNN_INPUT_F32
+    enum: CYDNN_INPUT_F32_FULL
     enum: CYDNN_OPT_SGD
     enum: CYDNN_OPT_ADAM
     enum: CYDNN_OPT_ADAMW

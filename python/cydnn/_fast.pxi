@@ -3,7 +3,7 @@
 # and shapes in, a status out turned into the library's exception; the shape
 # checks live in python/cydnn/fast/ and ops/_check.py.
 
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 LENET_MAX_CLASSES = CYDNN_LENET_MAX_CLASSES
 LENET_MAX_TRAIN_BATCH = CYDNN_LENET_MAX_TRAIN_BATCH
@@ -157,16 +157,20 @@ cdef class Predictor:
             cydnn_predictor_destroy(self.p)
             self.p = NULL
 
-    def __call__(self, tuple parameters, cnp.ndarray images not None):
+    def __call__(self, tuple parameters, cnp.ndarray images not None, bint full=False):
         """Probabilities (n, classes) for C-contiguous (n, 28, 28) uint8 or float32 images, n >= 1;
-        ``parameters``: the ten nn.Parameter objects (their ``.data`` is read now)."""
+        ``full``: float32 images of the network's own input size (classic (n, 32, 32)), not padded
+        again (the caller checks the shape); ``parameters``: the ten nn.Parameter objects (their
+        ``.data`` is read now)."""
         cdef cydnnLeNetWeights w
         cdef int i
         if len(parameters) != CYDNN_LENET_NUM_PARAMS:
             raise ValueError(f"predict: expected {CYDNN_LENET_NUM_PARAMS} parameters, got {len(parameters)}")
         for i in range(CYDNN_LENET_NUM_PARAMS):
             w.p[i] = f32(parameters[i].data, "lenet weight")
-        cdef int kind = CYDNN_INPUT_U8 if images.dtype == _U8 else CYDNN_INPUT_F32
+        if full and images.dtype != _F32:
+            raise TypeError(f"predict: full-size images must be float32, got {images.dtype}")
+        cdef int kind = CYDNN_INPUT_F32_FULL if full else (CYDNN_INPUT_U8 if images.dtype == _U8 else CYDNN_INPUT_F32)
         cdef int n = images.shape[0]
         cdef cnp.npy_intp dims[2]
         dims[0] = n

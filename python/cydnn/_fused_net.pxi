@@ -9,6 +9,25 @@ NET_OPS = {"conv": CYDNN_NET_CONV, "linear": CYDNN_NET_LINEAR, "max_pool": CYDNN
 NET_EPI_ACT, NET_EPI_BN = CYDNN_NET_EPI_ACT, CYDNN_NET_EPI_BN
 
 
+cdef class MappedBuffer:
+    """``nbytes`` of pinned host memory mapped into the device's address space (cydnn_host_alloc_mapped):
+    a kernel reads and writes it over PCIe, with no copy on the stream."""
+    cdef void *host
+    cdef void *device
+    cdef readonly size_t nbytes
+
+    def __cinit__(self, size_t nbytes):
+        self.host = NULL
+        self.device = NULL
+        check(cydnn_host_alloc_mapped(ctx(), nbytes, &self.host, &self.device), "host_alloc_mapped")
+        self.nbytes = nbytes
+
+    def __dealloc__(self):
+        if self.host != NULL:
+            cydnn_host_free(self.host)      # a failure here (the driver already gone at exit) is not actionable
+            self.host = NULL
+
+
 cdef class FusedNet:
     """A network table (cydnnNet) over DeviceArrays, checked once (cydnn_fused_net_check).
 
@@ -65,6 +84,29 @@ cdef class FusedNet:
                              f"of {self.net.in_size} -> {self.net.out_size}")
         check(cydnn_fused_net_forward(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster),
               "fused_net_forward")
+
+    def run_mapped(self, cnp.ndarray x not None, cnp.ndarray out not None, MappedBuffer xin not None,
+                   MappedBuffer yout not None, int cluster=1):
+        """numpy in, numpy out through mapped pinned memory: x copied into ``xin`` on the host, one launch
+        whose kernel reads ``xin`` and writes ``yout`` over PCIe, one wait, ``yout`` copied into out (a few
+        images: two copies on the stream would cost more than the kernel's reads).  Same x / out rules as
+        run_host."""
+        cdef int n = x.shape[0]
+        if (x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous
+                or not out.flags.c_contiguous or x.size != n * self.net.in_size
+                or out.size != n * self.net.out_size or n < 1):
+            raise ValueError("fused_net_forward: x and out must be C-contiguous float32 of n images")
+        cdef size_t in_bytes = <size_t>n * self.net.in_size * 4
+        cdef size_t out_bytes = <size_t>n * self.net.out_size * 4
+        if in_bytes > xin.nbytes or out_bytes > yout.nbytes:
+            raise ValueError(f"fused_net_forward: mapped buffers of {xin.nbytes} and {yout.nbytes} bytes cannot hold "
+                             f"{n} images ({in_bytes} and {out_bytes} bytes)")
+        cdef cydnnContext *c = ctx()
+        memcpy(xin.host, cnp.PyArray_DATA(x), in_bytes)
+        check(cydnn_fused_net_forward(c, &self.net, <const float *>xin.device, n, <float *>yout.device, cluster),
+              "fused_net_forward")
+        check(cydnn_context_synchronize(c), "fused_net_forward")
+        memcpy(cnp.PyArray_DATA(out), yout.host, out_bytes)
 
     def run_host(self, cnp.ndarray x not None, cnp.ndarray out not None, DeviceArray dx not None,
                  DeviceArray dy not None, int cluster=1):

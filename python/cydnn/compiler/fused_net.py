@@ -37,6 +37,8 @@ CLUSTERS = (1, 2, 4, 8, 16)
 SMEM_LIMIT = 227 * 1024 - 256
 #: threads per block of the kernel (cpp/fused_net.cu's kNetThreads)
 THREADS = 512
+#: numpy calls of up to this many images go through mapped pinned memory (FusedNetwork.run_host)
+MAPPED_ROWS = 64
 
 _ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
 # tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first
@@ -177,6 +179,7 @@ class FusedNetwork:
         self.capacity = capacity
         self._dx = _C.empty((capacity * self.in_size,))
         self._dy = _C.empty((capacity * self.out_size,))
+        self._mapped, self.mapped_reason = None, None    # mapped pinned in/out buffers, made on first use
 
     @staticmethod
     def _bind(layer, ranks):
@@ -198,10 +201,23 @@ class FusedNetwork:
         self.tables[cluster].forward(x, y, n, cluster)
 
     def run_host(self, x, cluster):
-        """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape)."""
+        """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape).  Up to MAPPED_ROWS images
+        go through mapped pinned memory (one launch and one wait: ~6 us less than two copies on the
+        stream); more, or where mapped memory cannot be had, through the staging buffers."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        out = np.empty((x.shape[0],) + self.out_shape, np.float32)
-        self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster)
+        n = x.shape[0]
+        out = np.empty((n,) + self.out_shape, np.float32)
+        if n <= MAPPED_ROWS and self._mapped is None:
+            try:
+                self._mapped = (_C.MappedBuffer(4 * MAPPED_ROWS * self.in_size),
+                                _C.MappedBuffer(4 * MAPPED_ROWS * self.out_size))
+            except _C.CydnnError as e:
+                self._mapped = False
+                self.mapped_reason = str(e)
+        if n <= MAPPED_ROWS and self._mapped:
+            self.tables[cluster].run_mapped(x, out, *self._mapped, cluster)
+        else:
+            self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster)
         return out
 
     def explain(self):

@@ -3,6 +3,7 @@
 A plan and graph per batch bucket (binding.py), the hand-fused LeNet-5 kernel for raw images of a
 LeNet-5, and the fused network (fused_net.py) for the buckets where it measures faster.
 """
+import bisect
 import os
 import threading
 import weakref
@@ -89,17 +90,30 @@ class CompiledInference:
         return None
 
     def _plan_lenet(self):
-        if self.preprocess is None or not self.fused or not self.softmax:
-            self.lenet_reason = "the fused LeNet-5 kernel needs raw images, softmax and fused=True"
+        """The fused LeNet-5 kernel (cpp/fastpath.cu) for numpy inputs, where the network is LeNet-5:
+        raw images with ``preprocess``; else float32 (N, 1, 28, 28) inputs as they are (the kernel's
+        normalisation with mean 0 and std 1 is exact: (x - 0) / 1 = x), classic (N, 1, 32, 32) at
+        its full size (CYDNN_INPUT_F32_FULL: not padded again)."""
+        if not self.fused or not self.softmax:
+            self.lenet_reason = "the fused LeNet-5 kernel needs softmax=True and fused=True"
             return
         nodes = trace(self.model, self.input_shape, 1)
         found = lenet.match(nodes, self.input_shape)
-        pad = self.preprocess[2]
-        if isinstance(found, str) or pad != (2 if found[0] else 0):
-            self.lenet_reason = found if isinstance(found, str) else f"input padding {pad} is not LeNet-5's"
+        if isinstance(found, str):
+            self.lenet_reason = found
             return
-        mean, std, _ = self.preprocess
-        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph)
+        if self.preprocess is None:
+            if self.fused_net_mode == "force":
+                self.lenet_reason = "fused_net='force' asks for the fused network"
+                return
+            mean, std = 0.0, 1.0
+        elif self.preprocess[2] != (2 if found[0] else 0):
+            self.lenet_reason = f"input padding {self.preprocess[2]} is not LeNet-5's"
+            return
+        else:
+            mean, std, _ = self.preprocess
+        self._lenet = lenet.LeNetPredictor(nodes, found[0], found[1], mean, std, self.cuda_graph,
+                                           full=self.preprocess is None)
         self.lenet_reason = None
 
     def _runner(self, n):
@@ -119,7 +133,12 @@ class CompiledInference:
     def _call(self, x):
         self._fresh()
         if self._lenet is not None and isinstance(x, np.ndarray) and x.ndim in (3, 4):
-            return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
+            if self.preprocess is not None:
+                return self._lenet(x.reshape(x.shape[0], x.shape[-2], x.shape[-1]))
+            # numpy floats are 4x the bytes of the raw images the kernel's own copy path was made for:
+            # from three chunks on, the plan's pipe (copies on several threads, overlapped) is faster
+            if x.dtype == np.float32 and x.shape[1:] == self.input_shape and x.shape[0] <= 2 * BUCKETS[-1]:
+                return self._lenet(x.reshape(x.shape[0], x.shape[2], x.shape[3]))
         if self.preprocess is not None and isinstance(x, np.ndarray):
             x = self._preprocess(x)
         device_in = isinstance(x, _C.DeviceArray)
@@ -129,6 +148,10 @@ class CompiledInference:
             raise ValueError(f"compiled inference: x must be float32 (N, {', '.join(map(str, self.input_shape))}),"
                              f" got {x.dtype} {tuple(x.shape)}")
         n = x.shape[0]
+        if not device_in and 0 < n <= BUCKETS[-1] and self._fused is not None:
+            cluster = self._fused.cluster(BUCKETS[bisect.bisect_left(BUCKETS, n)])
+            if cluster not in (None, "?"):         # one chunk on the fused network, chosen before: one C call
+                return self._fused.net.run_host(x, cluster)
         out = _C.empty((n,) + self.out_shape) if device_in else np.empty((n,) + self.out_shape, np.float32)
         step = BUCKETS[-1]
         starts = list(range(0, n, step))

@@ -61,8 +61,10 @@ def parameters(nodes):
 class LeNetPredictor:
     """Raw images (N, 28, 28) uint8 or float32 in [0, 1] -> probabilities, one C call (cpp/fastpath.cu)."""
 
-    def __init__(self, nodes, classic, num_classes, mean, std, use_graphs=True):
-        self.num_classes = num_classes
+    def __init__(self, nodes, classic, num_classes, mean, std, use_graphs=True, full=False):
+        """``full``: inputs are float32 of the network's own size (classic (N, 32, 32), padding
+        included), taken as they are instead of raw 28x28 images the kernel pads."""
+        self.num_classes, self.full = num_classes, bool(full)
         self.params = parameters(nodes)
         self._p = _C.Predictor(classic, num_classes, float(mean), float(std), use_graphs)
         self._lock = threading.Lock()     # the C predictor's pinned buffers and graphs are shared by its calls
@@ -79,7 +81,7 @@ class LeNetPredictor:
         if not images.shape[0]:
             return np.empty((0, self.num_classes), np.float32)
         with self._lock:
-            return self._p(self.params, images)       # the Parameters: the C call reads each .data now
+            return self._p(self.params, images, self.full)   # the Parameters: the C call reads each .data now
 
 
 class LeNetEpoch:

@@ -1,0 +1,254 @@
+// fused_net_conv.cuh -- the fused network's per-value helpers (epilogue, distributed stores,
+// work shares) and its convolutions, as block-cooperative __device__ functions of one cluster
+// (cpp/fused_net.cu's kernel calls conv_dispatch for a CYDNN_NET_CONV layer).  Included by
+// fused_net.cu only, inside its sm_90 guard: clusters and distributed shared memory are sm_90's.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "common.cuh"
+
+namespace cg = cooperative_groups;
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+namespace {
+
+__device__ __forceinline__ float activate(float v, int act, float slope) {
+    switch (act) {
+        case CYDNN_ACT_RELU: return fmaxf(v, 0.0f);
+        case CYDNN_ACT_TANH: return tanhf(v);
+        case CYDNN_ACT_SIGMOID: return 1.0f / (1.0f + expf(-v));
+        case CYDNN_ACT_LEAKY: return v > 0.0f ? v : v * slope;
+        default: return v;
+    }
+}
+
+// The layer's epilogue on output value v of channel c: bias, then the listed
+// steps in order (batch norm with the running statistics, or the activation).
+__device__ __forceinline__ float epilogue(const cydnnNetLayer &L, float v, int c) {
+    if (L.bias != nullptr) v += __ldg(L.bias + c);
+    for (int s = 0; s < L.num_epi; ++s) {
+        if (L.epi[s] == CYDNN_NET_EPI_BN) {
+            const float inv = rsqrtf(__ldg(L.bn_var + c) + L.bn_eps);
+            v = (v - __ldg(L.bn_mean + c)) * inv * __ldg(L.bn_weight + c) + __ldg(L.bn_bias + c);
+        } else {
+            v = activate(v, L.act, L.slope);
+        }
+    }
+    return v;
+}
+
+// Store v at index i of the next activation in every block of the cluster.
+__device__ __forceinline__ void store_all(cg::cluster_group &cluster, float *next, int ranks, long i, float v) {
+    for (int r = 0; r < ranks; ++r) cluster.map_shared_rank(next, r)[i] = v;
+}
+
+// This block's share [lo, hi) of `items` work items.
+__device__ __forceinline__ void share(long items, int rank, int ranks, long &lo, long &hi) {
+    const long per = (items + ranks - 1) / ranks;
+    lo = per * rank;
+    hi = lo + per < items ? lo + per : items;
+}
+
+// Stage the weights of the output channels work items [lo, hi) touch (item / row_items is the
+// channel group of tco channels) into wbuf, transposed to [c * kh * kw][channel] with rows of cs
+// channels (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats.
+// Returns whether they were staged; c_lo is the first staged channel.  Block-uniform (it syncs).
+__device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco, int ksize,
+                              float *wbuf, long wcap, int &c_lo, int &cs) {
+    c_lo = (int)(lo / row_items) * tco;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * tco;
+    const int c_span = (c_hi_raw < L.k ? c_hi_raw : L.k) - c_lo;
+    cs = (c_span + 3) / 4 * 4;
+    if ((long)cs * ksize > wcap) return false;
+    const float *g = L.weight + (long)c_lo * ksize;
+    for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
+        const int co = i / ksize;
+        wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
+    }
+    __syncthreads();
+    return true;
+}
+
+// Convolution: a thread computes TCO output channels x TP output pixels of one row, the pixels
+// pxg apart (pxg = ceil(OW / TP)), so that the lanes of a warp read neighbouring inputs (no bank
+// conflicts).  The weights of the output channels a block computes are staged in shared memory
+// where they fit, transposed to [c * kh * kw][channel] so that a thread's TCO weights of one tap
+// are one float4 (the same for the lanes of a warp: a broadcast); else they come through the
+// read-only cache in their (k, c, kh, kw) layout.
+// KS > 0: a KS x KS kernel known at compile time (the tap loops unroll); 0: any, read from the table.
+template <int TCO, int TP, int KS>
+__device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int cog = (K + TCO - 1) / TCO, pxg = (OW + TP - 1) / TP;
+    const long row_items = (long)OH * pxg;
+    long lo, hi;
+    share((long)cog * row_items, rank, ranks, lo, hi);
+    if (hi <= lo) return;
+    const int ksize = C * KH * KW;
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, TCO, ksize, wbuf, wcap, c_lo, cs);
+    for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
+        const int g = (int)(it / row_items);
+        const int rest = (int)(it - g * row_items);
+        const int oy = rest / pxg, j = rest - oy * pxg;
+        float acc[TCO][TP];
+#pragma unroll
+        for (int a = 0; a < TCO; ++a)
+#pragma unroll
+            for (int p = 0; p < TP; ++p) acc[a][p] = 0.0f;
+        const int co0 = g * TCO;
+        const float *wt = wbuf + (co0 - c_lo);                 // staged: tap t's weights at wt[t * cs]
+        for (int ci = 0; ci < C; ++ci) {
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {
+                const int iy = oy * SH - PH + ky;
+                if (iy < 0 || iy >= H) continue;
+                const float *row = plane + iy * W;
+                const int tap0 = (ci * KH + ky) * KW;
+#pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {
+                    float xv[TP];
+#pragma unroll
+                    for (int p = 0; p < TP; ++p) {
+                        const int ix = (j + p * pxg) * SW - PW + kx;
+                        xv[p] = (ix >= 0 && ix < W) ? row[ix] : 0.0f;
+                    }
+                    float wv[TCO];
+                    if (staged && TCO == 4) {
+                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
+                        wv[0] = w4.x;
+                        wv[TCO > 1 ? 1 : 0] = w4.y;
+                        wv[TCO > 2 ? 2 : 0] = w4.z;
+                        wv[TCO > 3 ? 3 : 0] = w4.w;
+                    } else {
+#pragma unroll
+                        for (int a = 0; a < TCO; ++a)
+                            wv[a] = staged ? wt[(tap0 + kx) * cs + a]
+                                           : (co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx)
+                                                          : 0.0f);
+                    }
+#pragma unroll
+                    for (int a = 0; a < TCO; ++a)
+#pragma unroll
+                        for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], xv[p], acc[a][p]);
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < TCO; ++a) {
+            const int co = co0 + a;
+            if (co >= K) break;
+#pragma unroll
+            for (int p = 0; p < TP; ++p) {
+                const int ox = j + p * pxg;
+                if (ox < OW) store_all(cluster, next, ranks, ((long)co * OH + oy) * OW + ox, epilogue(L, acc[a][p], co));
+            }
+        }
+    }
+}
+
+template <int TCO, int TP>
+__device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_layer<TCO, TP, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 5) conv_layer<TCO, TP, 5>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 1) conv_layer<TCO, TP, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_layer<TCO, TP, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+// Convolution for deep layers on small planes (few outputs, long reductions): G lanes of a warp
+// share one work item of 4 output channels x 1 pixel, lane l taking the input channels l, l + G,
+// ...; a butterfly of shuffles inside the group adds their sums (a fixed order: deterministic).
+// The weights are staged as in conv_layer (4-channel rows) or read through the read-only cache.
+template <int G, int KS>
+__device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                           int rank, int ranks, float *wbuf, long wcap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int cog = (K + 3) / 4;
+    const long row_items = (long)OH * OW;
+    long lo, hi;
+    share((long)cog * row_items, rank, ranks, lo, hi);
+    if (hi <= lo) return;
+    const int ksize = C * KH * KW;
+    int c_lo, cs;
+    const bool staged = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
+    const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
+    // every lane of a warp runs the same number of rounds (the shuffles need them all)
+    for (long base = lo; base < hi; base += groups) {
+        const long it = base + gid;
+        const bool active = it < hi;
+        const long item = active ? it : lo;
+        const int g = (int)(item / row_items);
+        const int rest = (int)(item - g * row_items);
+        const int oy = rest / OW, ox = rest - oy * OW;
+        const int co0 = g * 4;
+        const float *wt = wbuf + (co0 - c_lo);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int ci = l; ci < C; ci += G) {
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {
+                const int iy = oy * SH - PH + ky;
+                if (iy < 0 || iy >= H) continue;
+                const int tap0 = (ci * KH + ky) * KW;
+#pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {
+                    const int ix = ox * SW - PW + kx;
+                    const float x = (ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
+                    float wv[4];
+                    if (staged) {
+                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
+                        wv[0] = w4.x; wv[1] = w4.y; wv[2] = w4.z; wv[3] = w4.w;
+                    } else {
+#pragma unroll
+                        for (int a = 0; a < 4; ++a)
+                            wv[a] = co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx) : 0.0f;
+                    }
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) acc[a] = fmaf(wv[a], x, acc[a]);
+                }
+            }
+        }
+#pragma unroll
+        for (int off = G / 2; off > 0; off /= 2)
+#pragma unroll
+            for (int a = 0; a < 4; ++a) acc[a] += __shfl_xor_sync(0xffffffffu, acc[a], off);
+        // lane a of the group stores channel co0 + a
+        float mine = acc[0];
+#pragma unroll
+        for (int a = 1; a < 4; ++a)
+            if (l == a) mine = acc[a];
+        if (active && l < 4 && co0 + l < K)
+            store_all(cluster, next, ranks, ((long)(co0 + l) * OH + oy) * OW + ox, epilogue(L, mine, co0 + l));
+    }
+}
+
+template <int G>
+__device__ void split_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                            int rank, int ranks, float *wbuf, long wcap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_split<G, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 5) conv_split<G, 5>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (ks == 1) conv_split<G, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_split<G, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+__device__ void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                              int rank, int ranks, float *wbuf, long wcap) {
+    if (L.tile == 6) split_sized<16>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 5) split_sized<8>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 4) split_sized<4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 3) conv_sized<4, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 2) conv_sized<4, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else if (L.tile == 1) conv_sized<1, 4>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+    else conv_sized<1, 1>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+}
+
+}  // namespace
+#endif  // sm_90

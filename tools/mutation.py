@@ -27,9 +27,11 @@ the files that really check the module, every extra file costs time per mutant. 
 build/mutation/<module>.json.  ``--jobs`` sets mutmut's workers (default 1: the CI and dev
 machines have 2 cores shared with others).
 
-``--retest-survivors`` re-runs mutmut in the kept folder: if its first step (one pass of the
-selected tests, to record which tests reach which function) fails, mutmut has already cleared the
-kept results.  Copy the folder before a retest you cannot afford to repeat.
+``--retest-survivors`` re-runs mutmut in the kept folder.  When the test selection changed (test
+files added), mutmut clears every stored verdict before it runs the named survivors; this script
+saves them first and puts back those of the mutants it did not re-test.  If mutmut's first step
+(one pass of the selected tests) fails, the kept results may still be lost: copy the folder before
+a retest you cannot afford to repeat.
 """
 import argparse
 import fnmatch
@@ -189,8 +191,32 @@ def run_module(name, scratch_root, args):
         stage(scratch, sources, tests, args.skip)
         print(f"{name:14s} mutating python/{' python/'.join(sources)} against {' '.join(tests)} ...", flush=True)
     started = time.monotonic()
+    kept = _verdicts(scratch) if again else {}
     out = mutmut("run", "--max-children", str(args.jobs), *again, cwd=scratch, capture=True)
+    if kept:
+        _restore_verdicts(scratch, kept, set(again))
     return read_score(name, scratch, args, time.monotonic() - started, out, sources, tests)
+
+
+def _verdicts(scratch):
+    """Every mutant's exit code in a kept run, by its .meta file."""
+    return {meta: json.loads(meta.read_text())["exit_code_by_key"]
+            for meta in (scratch / "mutants" / "src").rglob("*.py.meta")}
+
+
+def _restore_verdicts(scratch, kept, retested):
+    """Put back the verdicts mutmut cleared: when the test selection changed (new test files), mutmut
+    resets every stored exit code before running the named mutants, so without this the mutants that
+    were not re-tested would read as not checked."""
+    for meta, before in kept.items():
+        if not meta.exists():
+            continue
+        data = json.loads(meta.read_text())
+        codes = data["exit_code_by_key"]
+        lost = {k: v for k, v in before.items() if k not in retested and codes.get(k) is None and v is not None}
+        if lost:
+            codes.update(lost)
+            meta.write_text(json.dumps(data))
 
 
 def read_score(name, scratch, args, seconds, out=None, sources=(), tests=()):

@@ -4,6 +4,8 @@ import signal
 import shutil
 import subprocess
 import sys
+import warnings
+import types
 from pathlib import Path
 
 import cydnn
@@ -52,3 +54,23 @@ def run_on_tmpfs(mountpoint, options, script, *args, env=None, timeout=120):
     return subprocess.run(["unshare", "-m", "sh", "-c", shell, "sh", str(mountpoint), sys.executable, "-c",
                            script, *map(str, args)], env=env or child_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def where_warnings_point(monkeypatch, module):
+    """Record where ``warnings.warn`` in ``module`` attributes its warning: the frame ``stacklevel``
+    levels up, as Python counts them.  Frames of mutmut's trampoline (a wrapper that exists only
+    while mutation testing runs) are not counted, so the check means the same in both settings."""
+    where = []
+    real = warnings.warn
+
+    def warn(message, category=UserWarning, stacklevel=1):
+        frame, level = sys._getframe(1), 1
+        while level < stacklevel:
+            frame = frame.f_back
+            if not frame.f_code.co_filename.replace(os.sep, "/").endswith("mutmut/mutation/trampoline.py"):
+                level += 1
+        where.append(frame.f_code.co_filename)
+        real(message, category, stacklevel=1)
+
+    monkeypatch.setattr(module, "warnings", types.SimpleNamespace(warn=warn))
+    return where

@@ -9,9 +9,7 @@ import gzip
 import hashlib
 import io
 import os
-import sys
 import tarfile
-import types
 import warnings
 
 import numpy as np
@@ -21,6 +19,8 @@ from cydnn import datasets
 from cydnn.datasets import CIFAR10, DatasetCacheError, DatasetDownloadError, DatasetError, load_cifar10
 from cydnn.datasets import cifar as C
 from cydnn.datasets.cifar import MAX_MEMBERS, RECORD, _ArchiveInfo, _download_archive
+
+from faultkit import where_warnings_point  # noqa: E402
 
 RECORDS = 3
 NAME = "cifar-10-binary.tar.gz"
@@ -262,19 +262,7 @@ def test_the_warning_points_at_the_line_that_made_the_dataset(tmp_path, monkeypa
     m = mirror(tmp_path / "m")
     CIFAR10(False, root=tmp_path / "c", mirrors=[m])
     (tmp_path / "c" / "cifar-10" / NAME).write_bytes(b"junk")
-    where = []
-    real = warnings.warn
-
-    def warn(message, category=UserWarning, stacklevel=1):
-        frame, level = sys._getframe(1), 1
-        while level < stacklevel:
-            frame = frame.f_back
-            if not frame.f_code.co_filename.replace(os.sep, "/").endswith("mutmut/mutation/trampoline.py"):
-                level += 1
-        where.append(frame.f_code.co_filename)
-        real(message, category, stacklevel=1)
-
-    monkeypatch.setattr(C, "warnings", types.SimpleNamespace(warn=warn))
+    where = where_warnings_point(monkeypatch, C)
     with pytest.warns(UserWarning, match="failed its checksum check"):
         CIFAR10(False, root=tmp_path / "c", mirrors=[m])
     assert where == [__file__]

@@ -10,8 +10,6 @@ import gzip
 import hashlib
 import os
 import struct
-import sys
-import types
 import warnings
 
 import numpy as np
@@ -21,6 +19,8 @@ from cydnn import datasets
 from cydnn.datasets import DatasetDownloadError, FashionMNIST, IDXDataset, MNIST, load_fashion_mnist, load_mnist
 from cydnn.datasets import mnist as M
 from cydnn.datasets.download import _FileInfo
+
+from faultkit import where_warnings_point  # noqa: E402
 
 H, W = 4, 5
 N_TRAIN, N_TEST = 131, 7
@@ -174,32 +174,12 @@ def test_a_tampered_cache_is_removed_with_a_warning(tmp_path, download):
     assert caught[0].category is UserWarning
 
 
-def _where_the_warning_points(monkeypatch, module):
-    """Record where ``warnings.warn`` in ``module`` attributes its warning: the frame ``stacklevel``
-    levels up, as Python counts them.  Frames of mutmut's trampoline (a wrapper that exists only
-    while mutation testing runs) are not counted, so the check means the same in both settings."""
-    where = []
-    real = warnings.warn
-
-    def warn(message, category=UserWarning, stacklevel=1):
-        frame, level = sys._getframe(1), 1
-        while level < stacklevel:
-            frame = frame.f_back
-            if not frame.f_code.co_filename.replace(os.sep, "/").endswith("mutmut/mutation/trampoline.py"):
-                level += 1
-        where.append(frame.f_code.co_filename)
-        real(message, category, stacklevel=1)
-
-    monkeypatch.setattr(module, "warnings", types.SimpleNamespace(warn=warn))
-    return where
-
-
 def test_the_warning_points_at_the_line_that_made_the_dataset(tmp_path, monkeypatch):
     m = mirror(tmp_path / "m")
     Small(tmp_path / "c", train=False, mirrors=[m])
     (tmp_path / "c" / "small" / "te-lab").write_bytes(b"junk")
     datasets.download._verified.clear()
-    where = _where_the_warning_points(monkeypatch, M)
+    where = where_warnings_point(monkeypatch, M)
     with pytest.warns(UserWarning, match="te-lab failed its SHA-256 check"):
         Small(tmp_path / "c", train=False, mirrors=[m])
     assert where == [__file__]

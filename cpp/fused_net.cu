@@ -143,6 +143,39 @@ __device__ void epilogue_layer(const cydnnNetLayer &L, const float *in, float *n
         store_all(cluster, next, ranks, i, epilogue(L, in[i], (int)(i / inner)));
 }
 
+// The image into `cur` of every block.  Each block reads only its share of the input (x may be
+// mapped host memory, read over PCIe: a round trip of a microsecond or more) and stores it into
+// every block of the cluster.  The reads are issued before the first cluster barrier (a block
+// may write another's shared memory only once that block has started), so that their latency
+// overlaps the barrier's; a thread holds up to kInRegs of them, which covers a share of
+// kInRegs * kNetThreads values (16 K: any cluster size for a 3x32x32 image).  Plain loads: the
+// read-only path is not for mapped memory.
+constexpr int kInRegs = 8;
+
+__device__ void load_input(const float *src, long in_size, float *cur, cg::cluster_group &cluster, int rank,
+                           int ranks) {
+    long lo, hi;
+    share(in_size, rank, ranks, lo, hi);
+    if (hi - lo <= (long)kInRegs * blockDim.x) {
+        float v[kInRegs];
+#pragma unroll
+        for (int u = 0; u < kInRegs; ++u) {
+            const long i = lo + threadIdx.x + (long)u * blockDim.x;
+            v[u] = i < hi ? src[i] : 0.0f;
+        }
+        cluster.sync();   // every block has started: its shared memory may be written
+#pragma unroll
+        for (int u = 0; u < kInRegs; ++u) {
+            const long i = lo + threadIdx.x + (long)u * blockDim.x;
+            if (i < hi) store_all(cluster, cur, ranks, i, v[u]);
+        }
+    } else {
+        cluster.sync();
+        for (long i = lo + threadIdx.x; i < hi; i += blockDim.x) store_all(cluster, cur, ranks, i, src[i]);
+    }
+    cluster.sync();       // every block holds the whole image
+}
+
 #endif  // clusters
 
 __global__ void __launch_bounds__(kNetThreads)
@@ -156,11 +189,7 @@ __global__ void __launch_bounds__(kNetThreads)
     const long image = blockIdx.x / ranks;
     if (image >= n) return;   // whole clusters only: every block of a cluster takes this branch alike
     float *cur = smem, *next = smem + buf_floats, *wbuf = smem + 2L * buf_floats;
-    const long in_size = net.in_size;
-    const float *src = x + image * in_size;
-    // plain loads: x may be mapped host memory (read over PCIe), which the read-only path is not for
-    for (long i = threadIdx.x; i < in_size; i += blockDim.x) cur[i] = src[i];
-    cluster.sync();   // every block has started (its shared memory may be written) and has its input
+    load_input(x + image * net.in_size, net.in_size, cur, cluster, rank, ranks);
     for (int l = 0; l < net.num_layers; ++l) {
         const cydnnNetLayer &L = net.layers[l];
         switch (L.op) {

@@ -47,8 +47,11 @@ def test_training_plan_equals_the_reference_step(name, options):
         assert float(got["loss"]) == pytest.approx(want, rel=1e-5)
         noise = 1e-5 * max(np.abs(p.grad).max() for p in ref.parameters())
         for pname, p in ref.named_parameters():
-            # a bias followed by batch norm has a true gradient of 0: both sides are rounding noise
-            atol = noise if pname in _biases_before_norm(ref) else 1e-6
+            # a bias followed by batch norm has a true gradient of 0: both sides are rounding noise; any
+            # other gradient may be a sum that cancels (batch norm's backward): float32 rounding of its terms,
+            # summed in another order, is up to ~1e-5 of the largest gradient (seen: 1.5e-6 on 9.weight of
+            # cnn_bn with numpy 2.4, the largest gradient ~0.5)
+            atol = noise if pname in _biases_before_norm(ref) else max(1e-6, noise)
             np.testing.assert_allclose(got["d:" + pname], p.grad, rtol=1e-4, atol=atol, err_msg=pname)
         opt.step()
         for pname, p in ref.named_parameters():

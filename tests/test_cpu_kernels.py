@@ -375,12 +375,25 @@ def test_the_setting_is_restored_when_the_product_raises(recorder):
 def test_layer_ops_multiply_through_the_policy(recorder):
     x, w = np.ones((8, 16), np.float32), np.ones((4, 16), np.float32)
     cpu.linear_forward(x, w, None)
-    xc, wc = np.ones((2, 3, 9, 9), np.float32), np.ones((4, 3, 3, 3), np.float32)
+    # float64: im2col + products with both kernels (float32 would take the direct path, below)
+    xc, wc = np.ones((2, 3, 9, 9), np.float64), np.ones((4, 3, 3, 3), np.float64)
     for name in ("numpy", "cython"):
         with cpu.use_kernels(name):
             y, cache = cpu.conv_forward(xc, wc, None)
             cpu.conv_backward(y, cache)
     assert len(recorder.seen) == 1 + 2 * 3 and all(set(s) == {1} for s in recorder.seen)
+
+
+def test_the_direct_convolution_makes_no_product(recorder):
+    from cydnn.ops.cpu import _kernels
+    if _kernels.isa() == "baseline":
+        pytest.skip("no AVX2 + FMA here: float32 convolution takes im2col + products")
+    xc, wc = np.ones((2, 3, 9, 9), np.float32), np.ones((4, 3, 3, 3), np.float32)
+    with cpu.use_kernels("cython"):
+        y, cache = cpu.conv_forward(xc, wc, None)
+        cpu.conv_backward(y, cache)
+    assert cache[2] is None and cache[7] is not None  # the padded input kept, no columns
+    assert recorder.seen == []
 
 
 def test_omp_threads_by_size(monkeypatch):

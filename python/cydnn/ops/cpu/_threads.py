@@ -178,8 +178,8 @@ _probe = LoadProbe()
 def kernel_threads(elements):
     """OpenMP threads for a C kernel of conv or pool touching ``elements`` numbers: 1 below
     ``KERNEL_PARALLEL_ELEMENTS``, else the cores of :func:`omp_threads`'s cap that the other
-    processes leave free (:class:`LoadProbe`; a core counts as free when less than 60 % of it
-    is taken), at least 1; 1 while the probe has no reading yet."""
+    processes leave free (:class:`LoadProbe`; cores minus their busy time, rounded to nearest,
+    half up), at least 1; 1 while the probe has no reading yet."""
     if elements < KERNEL_PARALLEL_ELEMENTS:
         return 1
     cap = _omp_cap()
@@ -188,7 +188,7 @@ def kernel_threads(elements):
     busy = _probe.busy_elsewhere()
     if busy is None:  # the first few ms of the process: not known yet, so one thread
         return 1
-    return max(1, min(cap, int(cap - busy + 0.4)))
+    return max(1, min(cap, int(cap - busy + 0.5)))
 
 
 # ------------------------------------------------------------------------ BLAS

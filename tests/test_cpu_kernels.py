@@ -25,11 +25,18 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 
 @pytest.fixture(autouse=True, scope="module")
 def every_kernel_on_all_cores():
-    """Run every kernel with all its OpenMP threads, however small the work (races show)."""
-    saved = _threads.PARALLEL_ELEMENTS
-    _threads.PARALLEL_ELEMENTS = 0
+    """Run every kernel with all its OpenMP threads, however small the work (races show), the
+    load probe of the conv and pool kernels (_threads.kernel_threads) off."""
+    import os
+    saved = _threads.PARALLEL_ELEMENTS, _threads.KERNEL_PARALLEL_ELEMENTS, os.environ.get("CYDNN_CPU_LOAD_PROBE")
+    _threads.PARALLEL_ELEMENTS = _threads.KERNEL_PARALLEL_ELEMENTS = 0
+    os.environ["CYDNN_CPU_LOAD_PROBE"] = "0"
     yield
-    _threads.PARALLEL_ELEMENTS = saved
+    _threads.PARALLEL_ELEMENTS, _threads.KERNEL_PARALLEL_ELEMENTS = saved[:2]
+    if saved[2] is None:
+        del os.environ["CYDNN_CPU_LOAD_PROBE"]
+    else:
+        os.environ["CYDNN_CPU_LOAD_PROBE"] = saved[2]
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 

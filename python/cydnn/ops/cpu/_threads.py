@@ -16,15 +16,14 @@ anyway, so:
 The setting is changed only for the call and restored after it
 (threadpoolctl's per-library controllers, which also keep one Python thread
 from changing a limit another thread set; a get and two sets cost a few
-microseconds, small beside a product).  The compiled kernels (``_kernels``) get their OpenMP thread
-count the same way from the number of elements they touch
-(:func:`omp_threads`, ``PARALLEL_ELEMENTS``).
+microseconds, small beside a product).  The compiled elementwise kernels
+(ReLU, the optimizer updates) get their OpenMP thread count the same way from
+the number of elements they touch (:func:`omp_threads`, ``PARALLEL_ELEMENTS``).
 
-The C kernels of convolution and pooling (``_kernels_*.h``: direct
-convolution, the row-by-row input gradient, 2 x 2 pooling) get theirs from
-:func:`kernel_threads`: parallel from ``KERNEL_PARALLEL_ELEMENTS`` (2^15)
-elements -- LeNet-5's layers at batch 64 use both cores -- but only on cores
-that other processes leave free.  A load probe (:class:`LoadProbe`) reads, at
+The kernels of convolution and pooling (im2col / col2im, direct convolution,
+the row-by-row input gradient, pooling) get theirs from :func:`kernel_threads`:
+parallel from ``KERNEL_PARALLEL_ELEMENTS`` (2^15) elements -- LeNet-5's layers
+at batch 64 use both cores -- but only on cores that other processes leave free.  A load probe (:class:`LoadProbe`) reads, at
 most every ``PROBE_SECONDS``, how much CPU time the machine's other processes
 took since its last reading (``/proc/stat`` over the CPUs this process may run
 on, less this process's own time): with one busy process beside us on two

@@ -170,7 +170,7 @@ def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
     transposed to (c, h, w, n) once, after which every im2col copy is a run of ow*n numbers."""
     n, c, h, wd = x.shape
     k, _, kh, kw = w.shape
-    (oh, ow), threads = out_hw, _threads.omp_threads
+    (oh, ow), threads = out_hw, _threads.kernel_threads
     xt = np.empty((c, h, wd, n), dtype=x.dtype)
     compiled.batch_inner(np.ascontiguousarray(x), xt, threads(x.size))
     cols = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
@@ -188,7 +188,7 @@ def _backward_compiled(compiled, dy, cache, need_dx):
     n, c, hp, wp = xp_shape
     k, _, kh, kw = w.shape
     h, wd = hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]
-    threads = _threads.omp_threads
+    threads = _threads.kernel_threads
     dy = np.ascontiguousarray(dy)
     d = np.empty((k, cols.shape[1]), dtype=dy.dtype)  # dy as rows, columns ordered like cols
     if batch_inner:

@@ -68,7 +68,7 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
         if _pool2x2(compiled, x.dtype, y.size, kernel_hw, stride_hw, pad_hw):
             compiled.max_pool2x2_forward(x, y, arg, _threads.kernel_threads(x.size))
         else:
-            compiled.max_pool_forward(x, y, arg, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+            compiled.max_pool_forward(x, y, arg, kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(x.size))
         return y, (x.shape, x.dtype, arg, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, -np.inf), kernel_hw, stride_hw)
     y = np.full(win.shape[:4], -np.inf, dtype=x.dtype)  # the running maximum
@@ -107,7 +107,7 @@ def max_pool_backward(dy, cache):
     if compiled is not None:
         dx = np.zeros(x_shape, dtype=dtype)
         compiled.max_pool_backward(np.ascontiguousarray(dy), np.ascontiguousarray(arg, dtype=np.int32), dx,
-                                   kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(dx.size))
+                                   kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(dx.size))
         return dx
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):  # written straight into dx's tiles
         dtiles = np.empty((n, c, h // kh, kh, w // kw, kw), dtype=dtype)
@@ -139,7 +139,7 @@ def avg_pool_forward(x, kernel=2, stride=None, padding=0):
     if compiled is not None:
         x = np.ascontiguousarray(x)
         y = np.empty(x.shape[:2] + out_hw, dtype=x.dtype)
-        compiled.avg_pool_forward(x, y, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+        compiled.avg_pool_forward(x, y, kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(x.size))
         return y, (x.shape, x.dtype, y.shape, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, 0.0), kernel_hw, stride_hw)
     y = win[:, :, :, :, 0, 0].copy()
@@ -162,7 +162,7 @@ def avg_pool_backward(dy, cache):
     if compiled is not None:
         dx = np.zeros(x_shape, dtype=dtype)
         compiled.avg_pool_backward(np.ascontiguousarray(dy), dx, kh, kw, *stride_hw, *pad_hw,
-                                   _threads.omp_threads(dx.size))
+                                   _threads.kernel_threads(dx.size))
         return dx
     share = dy / (kh * kw)
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):

@@ -12,9 +12,10 @@
  * (the last of a row masked to ow % 8 lanes).  The forward takes two tiles and up to 6 output
  * channels at a time: 12 accumulators in registers, each input vector loaded once per (c, p, q)
  * and used for 6 FMAs -- parallel over (image, block of channels).  The weight gradient keeps,
- * for two output channels and up to 5 kernel columns q, 10 accumulators over every tile of the
- * images of a thread (a contiguous share of the batch), then adds them to the thread's partial
- * sums (8 lanes each), reduced in thread order at the end.  Baseline: the same sums in plain
+ * for two output channels and up to 5 kernel columns q, 10 accumulators over every output row
+ * (8 at a time, the end of a row masked) of the images of a thread (a contiguous share of the
+ * batch), then adds them to the thread's partial sums (8 lanes each), reduced in thread order
+ * at the end.  Baseline: the same sums in plain
  * loops (the forward parallel over (image, channel), the gradient over output channels).
  * The accumulator arrays are unrolled by pragmas, so that GCC keeps them in registers.
  *
@@ -55,12 +56,12 @@ static cy_tile *cy_make_tiles(long oh, long ow, long w, long *count)
 /* Output channels [o0, o0 + OB) of tiles t0 and t1 (t1 may be t0) of one image.
  * x: the image (c, h, w); w: w[o0] (k's stride w_o); y: the image's y[o0]. */
 #define CY_FWD_OB(OB)                                                                                  \
-    CY_AVX2 static void cy_fwd8_ob##OB(const float *x, long c_in, long plane_in, long w_in, int kh,   \
+    CY_AVX2 static void cy_fwd8_ob##OB(const float *x, long c_in, long plane_in, long w_in, int kh,    \
                                        int kw, const float *w, long w_o, const float *bias, float *y,  \
-                                       long plane_out, const cy_tile *t0, const cy_tile *t1)          \
+                                       long plane_out, const cy_tile *t0, const cy_tile *t1)           \
     {                                                                                                  \
         __m256 a0[OB], a1[OB];                                                                         \
-        _Pragma("GCC unroll 8")      \
+        _Pragma("GCC unroll 8")                                                                        \
         for (int k = 0; k < OB; k++)                                                                   \
             a0[k] = a1[k] = _mm256_set1_ps(bias != NULL ? bias[k] : 0.0f);                             \
         const int full = t0->m == 8 && t1->m == 8;                                                     \
@@ -71,9 +72,9 @@ static cy_tile *cy_make_tiles(long oh, long ow, long w, long *count)
                 const float *r1 = x + c * plane_in + p * w_in + t1->in;                                \
                 const float *wr = w + (c * kh + p) * kw;                                               \
                 for (int q = 0; q < kw; q++) {                                                         \
-                    const __m256 v0 = _mm256_maskload_ps(r0 + q, m0);                                 \
-                    const __m256 v1 = _mm256_maskload_ps(r1 + q, m1);                                 \
-                    _Pragma("GCC unroll 8")        \
+                    const __m256 v0 = _mm256_maskload_ps(r0 + q, m0);                                  \
+                    const __m256 v1 = _mm256_maskload_ps(r1 + q, m1);                                  \
+                    _Pragma("GCC unroll 8")                                                            \
                     for (int k = 0; k < OB; k++) {                                                     \
                         __m256 wv = _mm256_broadcast_ss(wr + k * w_o + q);                             \
                         a0[k] = _mm256_fmadd_ps(wv, v0, a0[k]);                                        \
@@ -81,7 +82,7 @@ static cy_tile *cy_make_tiles(long oh, long ow, long w, long *count)
                     }                                                                                  \
                 }                                                                                      \
             }                                                                                          \
-        _Pragma("GCC unroll 8")        \
+        _Pragma("GCC unroll 8")                                                                        \
         for (int k = 0; k < OB; k++) {                                                                 \
             if (full) {                                                                                \
                 _mm256_storeu_ps(y + k * plane_out + t0->out, a0[k]);                                  \
@@ -109,48 +110,62 @@ static const cy_fwd8_fn cy_fwd8_by_ob[7] = {NULL, cy_fwd8_ob1, cy_fwd8_ob2, cy_f
 
 /* For images 0 .. nimg-1 (x and dy advance by x_img / dy_img per image), output channels o (dy0)
  * and, when dy1 != NULL, o + 1 (dy1 = dy0 + one plane), input channel row p (xr = x[c] + p*w + q0):
- * part0[8*qq ..] += the 8 lanes of sum_{images, tiles} dy0[tile] * xr[tile.in + qq], qq < QB
- * (likewise part1 with dy1); sum0 / sum1 (when sum0 != NULL) += sum_{images, tiles} dy. */
-#define CY_DW_QB(QB)                                                                                   \
-    CY_AVX2 static void cy_dw8_qb##QB(const float *xr, const float *dy0, const float *dy1, long nimg, \
-                                      long x_img, long dy_img, const cy_tile *tiles, long ntiles,      \
-                                      float *part0, float *part1, float *sum0, float *sum1)            \
-    {                                                                                                  \
-        __m256 a0[QB], a1[QB], s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                    \
-        _Pragma("GCC unroll 8")      \
-        for (int q = 0; q < QB; q++)                                                                   \
-            a0[q] = a1[q] = _mm256_setzero_ps();                                                       \
-        for (long b = 0; b < nimg; b++) {                                                              \
-            const float *xb = xr + b * x_img, *e0 = dy0 + b * dy_img;                                  \
-            const float *e1 = (dy1 != NULL ? dy1 : dy0) + b * dy_img;                                  \
-            for (long t = 0; t < ntiles; t++) {                                                        \
-                const cy_tile *tl = tiles + t;                                                         \
-                const __m256i mk = cy_mask8(tl->m);                                                    \
-                const __m256 d0 = _mm256_maskload_ps(e0 + tl->out, mk);                                \
-                const __m256 d1 = _mm256_maskload_ps(e1 + tl->out, mk);                                \
-                _Pragma("GCC unroll 8")        \
-                for (int q = 0; q < QB; q++) {                                                         \
-                    const __m256 v = _mm256_maskload_ps(xb + tl->in + q, mk);                          \
-                    a0[q] = _mm256_fmadd_ps(d0, v, a0[q]);                                             \
-                    a1[q] = _mm256_fmadd_ps(d1, v, a1[q]);                                             \
-                }                                                                                      \
-                if (sum0 != NULL) {                                                                    \
-                    s0 = _mm256_add_ps(s0, d0);                                                        \
-                    s1 = _mm256_add_ps(s1, d1);                                                        \
-                }                                                                                      \
-            }                                                                                          \
-        }                                                                                              \
-        _Pragma("GCC unroll 8")        \
-        for (int q = 0; q < QB; q++) {                                                                 \
-            _mm256_storeu_ps(part0 + 8 * q, _mm256_add_ps(_mm256_loadu_ps(part0 + 8 * q), a0[q]));     \
-            if (part1 != NULL)                                                                         \
-                _mm256_storeu_ps(part1 + 8 * q, _mm256_add_ps(_mm256_loadu_ps(part1 + 8 * q), a1[q])); \
-        }                                                                                              \
-        if (sum0 != NULL) {                                                                            \
-            _mm256_storeu_ps(sum0, _mm256_add_ps(_mm256_loadu_ps(sum0), s0));                          \
-            if (sum1 != NULL)                                                                          \
-                _mm256_storeu_ps(sum1, _mm256_add_ps(_mm256_loadu_ps(sum1), s1));                      \
-        }                                                                                              \
+ * part0[8*qq ..] += the 8 lanes of sum_{images, i, j} dy0[i, j] * xr[i*w + j + qq], qq < QB
+ * (likewise part1 with dy1); sum0 / sum1 (when sum0 != NULL) += sum_{images, i, j} dy.
+ * Each output row in chunks of 8 (plain loads), the rest of the row masked. */
+#define CY_DW_QB(QB)                                                                                           \
+    CY_AVX2 static void cy_dw8_qb##QB(const float *xr, const float *dy0, const float *dy1, long nimg,          \
+                                      long x_img, long dy_img, long oh, long ow, long w_in,                    \
+                                      float *part0, float *part1, float *sum0, float *sum1)                    \
+    {                                                                                                          \
+        __m256 a0[QB], a1[QB], s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();                             \
+        const long ow8 = ow / 8 * 8;                                                                           \
+        const __m256i mk = cy_mask8((int)(ow - ow8));                                                          \
+        _Pragma("GCC unroll 8")                                                                                \
+        for (int q = 0; q < QB; q++)                                                                           \
+            a0[q] = a1[q] = _mm256_setzero_ps();                                                               \
+        for (long b = 0; b < nimg; b++)                                                                        \
+            for (long i = 0; i < oh; i++) {                                                                    \
+                const float *xi = xr + b * x_img + i * w_in, *e0 = dy0 + b * dy_img + i * ow;                  \
+                const float *e1 = (dy1 != NULL ? dy1 : dy0) + b * dy_img + i * ow;                             \
+                for (long j = 0; j < ow8; j += 8) {                                                            \
+                    const __m256 d0 = _mm256_loadu_ps(e0 + j), d1 = _mm256_loadu_ps(e1 + j);                   \
+                    _Pragma("GCC unroll 8")                                                                    \
+                    for (int q = 0; q < QB; q++) {                                                             \
+                        const __m256 v = _mm256_loadu_ps(xi + j + q);                                          \
+                        a0[q] = _mm256_fmadd_ps(d0, v, a0[q]);                                                 \
+                        a1[q] = _mm256_fmadd_ps(d1, v, a1[q]);                                                 \
+                    }                                                                                          \
+                    if (sum0 != NULL) {                                                                        \
+                        s0 = _mm256_add_ps(s0, d0);                                                            \
+                        s1 = _mm256_add_ps(s1, d1);                                                            \
+                    }                                                                                          \
+                }                                                                                              \
+                if (ow8 < ow) {                                                                                \
+                    const __m256 d0 = _mm256_maskload_ps(e0 + ow8, mk), d1 = _mm256_maskload_ps(e1 + ow8, mk); \
+                    _Pragma("GCC unroll 8")                                                                    \
+                    for (int q = 0; q < QB; q++) {                                                             \
+                        const __m256 v = _mm256_maskload_ps(xi + ow8 + q, mk);                                 \
+                        a0[q] = _mm256_fmadd_ps(d0, v, a0[q]);                                                 \
+                        a1[q] = _mm256_fmadd_ps(d1, v, a1[q]);                                                 \
+                    }                                                                                          \
+                    if (sum0 != NULL) {                                                                        \
+                        s0 = _mm256_add_ps(s0, d0);                                                            \
+                        s1 = _mm256_add_ps(s1, d1);                                                            \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+        _Pragma("GCC unroll 8")                                                                                \
+        for (int q = 0; q < QB; q++) {                                                                         \
+            _mm256_storeu_ps(part0 + 8 * q, _mm256_add_ps(_mm256_loadu_ps(part0 + 8 * q), a0[q]));             \
+            if (part1 != NULL)                                                                                 \
+                _mm256_storeu_ps(part1 + 8 * q, _mm256_add_ps(_mm256_loadu_ps(part1 + 8 * q), a1[q]));         \
+        }                                                                                                      \
+        if (sum0 != NULL) {                                                                                    \
+            _mm256_storeu_ps(sum0, _mm256_add_ps(_mm256_loadu_ps(sum0), s0));                                  \
+            if (sum1 != NULL)                                                                                  \
+                _mm256_storeu_ps(sum1, _mm256_add_ps(_mm256_loadu_ps(sum1), s1));                              \
+        }                                                                                                      \
     }
 
 CY_DW_QB(1)
@@ -159,7 +174,7 @@ CY_DW_QB(3)
 CY_DW_QB(4)
 CY_DW_QB(5)
 
-typedef void (*cy_dw8_fn)(const float *, const float *, const float *, long, long, long, const cy_tile *, long,
+typedef void (*cy_dw8_fn)(const float *, const float *, const float *, long, long, long, long, long, long,
                           float *, float *, float *, float *);
 static const cy_dw8_fn cy_dw8_by_qb[6] = {NULL, cy_dw8_qb1, cy_dw8_qb2, cy_dw8_qb3, cy_dw8_qb4, cy_dw8_qb5};
 
@@ -234,15 +249,10 @@ static int cy_conv_direct_dw_f32(const float *x, const float *dy, float *dw, flo
         nthreads = 1;
 #if CY_X86
     if (cy_isa() >= 1) {
-        long ntiles = 0;
-        cy_tile *tiles = cy_make_tiles(oh, ow, wd, &ntiles);
         const long len = nw + k;  /* a thread's partial sums: dw, then db, 8 lanes each */
         float *part = (float *)calloc((size_t)(nthreads * len * 8), sizeof(float));
-        if (tiles == NULL || part == NULL) {
-            free(tiles);
-            free(part);
+        if (part == NULL)
             return -1;
-        }
 #pragma omp parallel num_threads(nthreads)
         {
             /* a contiguous share of the images per thread, each thread its own partial sums */
@@ -260,7 +270,7 @@ static int cy_conv_direct_dw_f32(const float *x, const float *dy, float *dw, flo
                             float *p0 = mine + 8 * (((o * c + ci) * kh + p) * kw + q0);
                             cy_dw8_by_qb[qb](x + (b0 * c + ci) * plane_in + p * wd + q0, dy0,
                                              two ? dy0 + plane_out : NULL, nimg, c * plane_in, k * plane_out,
-                                             tiles, ntiles, p0, two ? p0 + 8 * c * kh * kw : NULL,
+                                             oh, ow, wd, p0, two ? p0 + 8 * c * kh * kw : NULL,
                                              first ? mine + 8 * (nw + o) : NULL,
                                              first && two ? mine + 8 * (nw + o + 1) : NULL);
                         }
@@ -269,7 +279,6 @@ static int cy_conv_direct_dw_f32(const float *x, const float *dy, float *dw, flo
         cy_reduce8(part, nthreads, len, nw, dw);
         if (db != NULL)  /* the partial sums of db follow those of dw in each thread's block */
             cy_reduce8(part + 8 * nw, nthreads, len, k, db);
-        free(tiles);
         free(part);
         return 0;
     }

@@ -25,45 +25,45 @@
 /* Row y of dx for images dy0 / dy1 (their (k, oh, ow) planes; dx1 NULL: one image), input
  * channel c (w points at w[0, c, 0, q0], w_o = c_in*kh*kw), columns j0 .. j0 + m - 1 of dy,
  * kernel columns q0 .. q0 + QB - 1; dx0 / dx1 point at dx[image, c, y, j0 + q0]. */
-#define CY_ROWS_QB(QB)                                                                                 \
-    CY_AVX2 static void cy_rows8_qb##QB(const float *dy0, const float *dy1, const float *w, long w_o,  \
-                                        long k, int kh, int kw, long oh, long ow, long y, long j0,     \
-                                        int m, float *dx0, float *dx1)                                 \
-    {                                                                                                  \
-        __m256 a0[QB], a1[QB];                                                                         \
-        const float *d1p = dx1 != NULL ? dy1 : dy0;                                                    \
-        const __m256i mk = cy_mask8(m);                                                                \
-        const int full = m == 8;                                                                       \
-        const long p_lo = y - oh + 1 > 0 ? y - oh + 1 : 0, p_hi = y < kh - 1 ? y : kh - 1;             \
-        _Pragma("GCC unroll 8")      \
-        for (int q = 0; q < QB; q++)                                                                   \
-            a0[q] = a1[q] = _mm256_setzero_ps();                                                       \
-        for (long o = 0; o < k; o++)                                                                   \
-            for (long p = p_lo; p <= p_hi; p++) {                                                      \
-                const long off = (o * oh + y - p) * ow + j0;                                           \
-                const __m256 d0 = _mm256_maskload_ps(dy0 + off, mk);                                  \
-                const __m256 d1 = _mm256_maskload_ps(d1p + off, mk);                                  \
-                const float *wr = w + o * w_o + p * kw;                                                \
-                _Pragma("GCC unroll 8")        \
-                for (int q = 0; q < QB; q++) {                                                         \
-                    __m256 wv = _mm256_broadcast_ss(wr + q);                                           \
-                    a0[q] = _mm256_fmadd_ps(wv, d0, a0[q]);                                            \
-                    a1[q] = _mm256_fmadd_ps(wv, d1, a1[q]);                                            \
-                }                                                                                      \
-            }                                                                                          \
-        _Pragma("GCC unroll 8")        \
-        for (int q = 0; q < QB; q++) {                                                                 \
-            if (full) {                                                                                \
-                _mm256_storeu_ps(dx0 + q, _mm256_add_ps(_mm256_loadu_ps(dx0 + q), a0[q]));             \
-                if (dx1 != NULL)                                                                       \
-                    _mm256_storeu_ps(dx1 + q, _mm256_add_ps(_mm256_loadu_ps(dx1 + q), a1[q]));         \
-            } else {                                                                                   \
+#define CY_ROWS_QB(QB)                                                                                   \
+    CY_AVX2 static void cy_rows8_qb##QB(const float *dy0, const float *dy1, const float *w, long w_o,    \
+                                        long k, int kh, int kw, long oh, long ow, long y, long j0,       \
+                                        int m, float *dx0, float *dx1)                                   \
+    {                                                                                                    \
+        __m256 a0[QB], a1[QB];                                                                           \
+        const float *d1p = dx1 != NULL ? dy1 : dy0;                                                      \
+        const __m256i mk = cy_mask8(m);                                                                  \
+        const int full = m == 8;                                                                         \
+        const long p_lo = y - oh + 1 > 0 ? y - oh + 1 : 0, p_hi = y < kh - 1 ? y : kh - 1;               \
+        _Pragma("GCC unroll 8")                                                                          \
+        for (int q = 0; q < QB; q++)                                                                     \
+            a0[q] = a1[q] = _mm256_setzero_ps();                                                         \
+        for (long o = 0; o < k; o++)                                                                     \
+            for (long p = p_lo; p <= p_hi; p++) {                                                        \
+                const long off = (o * oh + y - p) * ow + j0;                                             \
+                const __m256 d0 = _mm256_maskload_ps(dy0 + off, mk);                                     \
+                const __m256 d1 = _mm256_maskload_ps(d1p + off, mk);                                     \
+                const float *wr = w + o * w_o + p * kw;                                                  \
+                _Pragma("GCC unroll 8")                                                                  \
+                for (int q = 0; q < QB; q++) {                                                           \
+                    __m256 wv = _mm256_broadcast_ss(wr + q);                                             \
+                    a0[q] = _mm256_fmadd_ps(wv, d0, a0[q]);                                              \
+                    a1[q] = _mm256_fmadd_ps(wv, d1, a1[q]);                                              \
+                }                                                                                        \
+            }                                                                                            \
+        _Pragma("GCC unroll 8")                                                                          \
+        for (int q = 0; q < QB; q++) {                                                                   \
+            if (full) {                                                                                  \
+                _mm256_storeu_ps(dx0 + q, _mm256_add_ps(_mm256_loadu_ps(dx0 + q), a0[q]));               \
+                if (dx1 != NULL)                                                                         \
+                    _mm256_storeu_ps(dx1 + q, _mm256_add_ps(_mm256_loadu_ps(dx1 + q), a1[q]));           \
+            } else {                                                                                     \
                 _mm256_maskstore_ps(dx0 + q, mk, _mm256_add_ps(_mm256_maskload_ps(dx0 + q, mk), a0[q])); \
-                if (dx1 != NULL)                                                                       \
-                    _mm256_maskstore_ps(dx1 + q, mk,                                                   \
-                                        _mm256_add_ps(_mm256_maskload_ps(dx1 + q, mk), a1[q]));        \
-            }                                                                                          \
-        }                                                                                              \
+                if (dx1 != NULL)                                                                         \
+                    _mm256_maskstore_ps(dx1 + q, mk,                                                     \
+                                        _mm256_add_ps(_mm256_maskload_ps(dx1 + q, mk), a1[q]));          \
+            }                                                                                            \
+        }                                                                                                \
     }
 
 CY_ROWS_QB(1)

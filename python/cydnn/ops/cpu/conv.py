@@ -146,7 +146,7 @@ def _forward_direct(compiled, x, w, b, pad_hw, out_hw, xp_shape):
     w = np.ascontiguousarray(w)
     y = np.empty((n, k) + tuple(out_hw), dtype=x.dtype)
     bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
-    compiled.conv_direct_forward(xp, w, bias, y, b is not None, _threads.kernel_threads(y.size))
+    compiled.conv_direct_forward(xp, w, bias, y, b is not None, _threads.kernel_threads(y.size * w[0].size))
     return y, (xp_shape, w, None, b is not None, (1, 1), pad_hw, None, xp)
 
 
@@ -157,11 +157,12 @@ def _backward_direct(compiled, dy, cache, need_dx):
     dy = np.ascontiguousarray(dy)
     dw = np.empty(w.shape, dtype=dy.dtype)
     db = np.empty(k, dtype=dy.dtype) if has_bias else np.zeros(1, dtype=dy.dtype)
-    compiled.conv_direct_weight_grad(xp, dy, dw, db, has_bias, _threads.kernel_threads(xp.size + dy.size))
+    macs = dy.size * w[0].size  # multiply-adds of each pass: the work that sets the threads
+    compiled.conv_direct_weight_grad(xp, dy, dw, db, has_bias, _threads.kernel_threads(macs))
     if not need_dx:
         return None, dw, db if has_bias else None
     dxp = np.empty(xp_shape, dtype=dy.dtype)
-    compiled.conv_rows_input_grad(dy, np.ascontiguousarray(w), dxp, _threads.kernel_threads(dxp.size + dy.size))
+    compiled.conv_rows_input_grad(dy, np.ascontiguousarray(w), dxp, _threads.kernel_threads(macs))
     return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db if has_bias else None
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cydnn.ops import cpu
+from cydnn.ops.cpu import _threads
 from cydnn.ops.cpu import conv as conv_module
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -172,6 +173,42 @@ def test_what_the_direct_path_leaves_to_im2col():
             _, cache = cpu.conv_forward(x, w, None)
         assert cache[2] is not None  # without AVX2 the plain loops would lose to BLAS
     assert conv_module.DIRECT_MAX_WINDOW == 256 and conv_module.DIRECT_MAX_OUT == 64
+
+
+def test_the_direct_convolution_makes_no_product(monkeypatch):
+    if _kernels.isa() == "baseline":
+        pytest.skip("no AVX2 + FMA here: float32 convolution takes im2col + products")
+    products = []
+
+    class Numpy:  # stands in for numpy inside _threads, where every product of the ops goes
+        def matmul(self, a, b):
+            products.append((a.shape, b.shape))
+            return np.matmul(a, b)
+
+    monkeypatch.setattr(_threads, "np", Numpy())
+    xc, wc = np.ones((2, 3, 9, 9), np.float32), np.ones((4, 3, 3, 3), np.float32)
+    with cpu.use_kernels("cython"):
+        y, cache = cpu.conv_forward(xc, wc, None)
+        cpu.conv_backward(y, cache)
+        assert cache[2] is None and cache[7] is not None  # the padded input kept, no columns
+        assert products == []
+        cpu.conv_forward(xc.astype(np.float64), wc.astype(np.float64), None)  # im2col: one product
+    assert len(products) == 1
+
+
+def test_the_environment_variable_chooses_the_isa():
+    import os
+    import subprocess
+    import sys
+    code = "from cydnn.ops.cpu import _kernels; print(_kernels.isa())"
+    for value, want in (("baseline", "baseline"), ("avx2", _kernels.isa_max()), ("", _kernels.isa_max()),
+                        ("auto", _kernels.isa_max())):
+        env = dict(os.environ, CYDNN_CPU_ISA=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want, value
+    env = dict(os.environ, CYDNN_CPU_ISA="avx512")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "$CYDNN_CPU_ISA must be one of auto, baseline, avx2, got 'avx512'" in out.stderr
 
 
 def test_set_isa_names_and_clamps():

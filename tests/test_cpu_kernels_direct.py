@@ -33,12 +33,13 @@ ISAS = ["baseline"] + (["avx2"] if _kernels.isa_max() == "avx2" else [])
 
 @contextlib.contextmanager
 def using_isa(name):
-    """The kernels on instruction set ``name`` inside, the best one restored after."""
+    """The kernels on instruction set ``name`` inside, the one in use before restored after."""
+    before = _kernels.isa()
     assert _kernels.set_isa(name) == name
     try:
         yield
     finally:
-        _kernels.set_isa(_kernels.isa_max())
+        _kernels.set_isa(before)
 
 
 def twin64(fn):
@@ -214,8 +215,12 @@ def test_the_environment_variable_chooses_the_isa():
 def test_set_isa_names_and_clamps():
     with pytest.raises(ValueError, match=r"set_isa: name must be one of 'baseline', 'avx2', got 'sse'"):
         _kernels.set_isa("sse")
-    assert _kernels.set_isa("baseline") == "baseline" and _kernels.isa() == "baseline"
-    assert _kernels.set_isa("avx2") == _kernels.isa_max() == _kernels.isa()
+    before = _kernels.isa()
+    try:
+        assert _kernels.set_isa("baseline") == "baseline" and _kernels.isa() == "baseline"
+        assert _kernels.set_isa("avx2") == _kernels.isa_max() == _kernels.isa()
+    finally:
+        _kernels.set_isa(before)
 
 
 # ------------------------------------------------------------------ pooling

@@ -67,8 +67,8 @@ def load_mnist(limit_train=None, mnist=None, data_dir=None):
     from cydnn import datasets
     if mnist is None and DEFAULT_MNIST.is_dir():
         mnist = str(DEFAULT_MNIST)
-    train = datasets.MNIST(root=data_dir or tempfile.mkdtemp(prefix="bench_cpu_"), train=True,
-                           mirrors=None if mnist is None else [mnist])
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_") as tmp:  # removed after: the files are read into memory
+        train = datasets.MNIST(root=data_dir or tmp, train=True, mirrors=None if mnist is None else [mnist])
     images, labels = train.images, train.labels
     if limit_train is not None:
         images, labels = images[:limit_train], labels[:limit_train]

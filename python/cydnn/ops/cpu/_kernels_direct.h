@@ -72,8 +72,8 @@ static cy_tile *cy_make_tiles(long oh, long ow, long w, long *count)
                 const float *r1 = x + c * plane_in + p * w_in + t1->in;                                \
                 const float *wr = w + (c * kh + p) * kw;                                               \
                 for (int q = 0; q < kw; q++) {                                                         \
-                    const __m256 v0 = _mm256_maskload_ps(r0 + q, m0);                                  \
-                    const __m256 v1 = _mm256_maskload_ps(r1 + q, m1);                                  \
+                    const __m256 v0 = full ? _mm256_loadu_ps(r0 + q) : _mm256_maskload_ps(r0 + q, m0); \
+                    const __m256 v1 = full ? _mm256_loadu_ps(r1 + q) : _mm256_maskload_ps(r1 + q, m1); \
                     _Pragma("GCC unroll 8")                                                            \
                     for (int k = 0; k < OB; k++) {                                                     \
                         __m256 wv = _mm256_broadcast_ss(wr + k * w_o + q);                             \

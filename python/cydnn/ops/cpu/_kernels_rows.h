@@ -41,8 +41,8 @@
         for (long o = 0; o < k; o++)                                                                     \
             for (long p = p_lo; p <= p_hi; p++) {                                                        \
                 const long off = (o * oh + y - p) * ow + j0;                                             \
-                const __m256 d0 = _mm256_maskload_ps(dy0 + off, mk);                                     \
-                const __m256 d1 = _mm256_maskload_ps(d1p + off, mk);                                     \
+                const __m256 d0 = full ? _mm256_loadu_ps(dy0 + off) : _mm256_maskload_ps(dy0 + off, mk); \
+                const __m256 d1 = full ? _mm256_loadu_ps(d1p + off) : _mm256_maskload_ps(d1p + off, mk); \
                 const float *wr = w + o * w_o + p * kw;                                                  \
                 _Pragma("GCC unroll 8")                                                                  \
                 for (int q = 0; q < QB; q++) {                                                           \

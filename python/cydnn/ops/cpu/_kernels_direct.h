@@ -132,7 +132,8 @@ static const cy_fwd8_fn cy_fwd8_by_ob[7] = {NULL, cy_fwd8_ob1, cy_fwd8_ob2, cy_f
                     const __m256 d0 = _mm256_loadu_ps(e0 + j), d1 = _mm256_loadu_ps(e1 + j);                   \
                     _Pragma("GCC unroll 8")                                                                    \
                     for (int q = 0; q < QB; q++) {                                                             \
-                        const __m256 v = _mm256_loadu_ps(xi + j + q);                                          \
+                        __m256 v = _mm256_loadu_ps(xi + j + q);                                                \
+                        __asm__("" : "+x"(v)); /* one load in a register for both FMAs, not folded twice */    \
                         a0[q] = _mm256_fmadd_ps(d0, v, a0[q]);                                                 \
                         a1[q] = _mm256_fmadd_ps(d1, v, a1[q]);                                                 \
                     }                                                                                          \

@@ -8,9 +8,10 @@
  * dx[2i + p, 2j + q] = dy[i, j] * (arg[i, j] == p*2 + q) (a product, as the twin: 0 * inf is NaN),
  * and 0 in the last row / column when h / w is odd.  Both bit for bit as the twin.
  *
- * AVX2 (cy_isa() >= 1): 8 windows at a time, the even and odd columns of two input rows split
- * with shuffles, compared and blended branch-free; backward multiplies by the 0/1 masks and
- * interleaves them back.  Baseline and the ends of rows: plain loops.  Parallel over planes.
+ * AVX2 (cy_isa() >= 1): 8 windows at a time (then 4, 128 bits wide), the even and odd columns
+ * of two input rows split with shuffles, compared and blended branch-free; backward multiplies
+ * by the 0/1 masks and interleaves them back.  Baseline and the last 0-3 windows of a row:
+ * plain loops.  Parallel over planes.
  */
 #ifndef CYDNN_KERNELS_POOL_H
 #define CYDNN_KERNELS_POOL_H
@@ -59,6 +60,37 @@ CY_AVX2 static void cy_max2x2_row8(const float *r0, const float *r1, float *y, i
     }
 }
 
+/* Outputs [j0, j0 + 4) of one row, 128 bits wide (the rest of a row after the chunks of 8). */
+CY_AVX2 static void cy_max2x2_4(const float *r0, const float *r1, float *y, int *arg, long j0)
+{
+    const __m128 a = _mm_loadu_ps(r0 + 2 * j0), b = _mm_loadu_ps(r0 + 2 * j0 + 4);
+    const __m128 c = _mm_loadu_ps(r1 + 2 * j0), d = _mm_loadu_ps(r1 + 2 * j0 + 4);
+    const __m128 v[4] = {_mm_shuffle_ps(a, b, 0x88), _mm_shuffle_ps(a, b, 0xDD), _mm_shuffle_ps(c, d, 0x88),
+                         _mm_shuffle_ps(c, d, 0xDD)};
+    __m128 best = _mm_set1_ps(-INFINITY), at = _mm_setzero_ps();
+    for (int e = 0; e < 4; e++) {
+        const __m128 gt = _mm_cmp_ps(v[e], best, _CMP_GT_OQ);
+        best = _mm_blendv_ps(best, v[e], gt);
+        at = _mm_blendv_ps(at, _mm_castsi128_ps(_mm_set1_epi32(e)), gt);
+    }
+    _mm_storeu_ps(y + j0, best);
+    _mm_storeu_si128((__m128i *)(arg + j0), _mm_castps_si128(at));
+}
+
+/* dx rows 2i (d0) and 2i + 1 (d1), columns [2*j0, 2*j0 + 8), from dy / arg row i, 128 bits wide. */
+CY_AVX2 static void cy_max2x2_back_4(const float *g, const int *arg, float *d0, float *d1, long j0)
+{
+    const __m128 gv = _mm_loadu_ps(g + j0), one = _mm_set1_ps(1.0f);
+    const __m128i a = _mm_loadu_si128((const __m128i *)(arg + j0));
+    __m128 v[4];
+    for (int e = 0; e < 4; e++)
+        v[e] = _mm_mul_ps(gv, _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(a, _mm_set1_epi32(e))), one));
+    _mm_storeu_ps(d0 + 2 * j0, _mm_unpacklo_ps(v[0], v[1]));
+    _mm_storeu_ps(d0 + 2 * j0 + 4, _mm_unpackhi_ps(v[0], v[1]));
+    _mm_storeu_ps(d1 + 2 * j0, _mm_unpacklo_ps(v[2], v[3]));
+    _mm_storeu_ps(d1 + 2 * j0 + 4, _mm_unpackhi_ps(v[2], v[3]));
+}
+
 /* dx rows 2i (d0) and 2i + 1 (d1), columns [0, 2*ow8), from dy / arg row i. */
 CY_AVX2 static void cy_max2x2_back_row8(const float *g, const int *arg, float *d0, float *d1, long ow8)
 {
@@ -85,9 +117,9 @@ static void cy_max_pool2x2_fwd_f32(const float *x, float *y, int *arg, long plan
 {
     const long oh = h / 2, ow = w / 2;
 #if CY_X86
-    const long ow8 = cy_isa() >= 1 ? ow / 8 * 8 : 0;
+    const long ow8 = cy_isa() >= 1 ? ow / 8 * 8 : 0, ow4 = cy_isa() >= 1 ? ow / 4 * 4 : 0;
 #else
-    const long ow8 = 0;
+    const long ow8 = 0, ow4 = 0;
 #endif
     long t;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -99,8 +131,10 @@ static void cy_max_pool2x2_fwd_f32(const float *x, float *y, int *arg, long plan
 #if CY_X86
             if (ow8 > 0)
                 cy_max2x2_row8(r0, r1, yr, ar, ow8);
+            if (ow4 > ow8)
+                cy_max2x2_4(r0, r1, yr, ar, ow8);
 #endif
-            for (long j = ow8; j < ow; j++)
+            for (long j = ow4; j < ow; j++)
                 cy_max4_plain(r0 + 2 * j, r1 + 2 * j, yr + j, ar + j);
         }
 }
@@ -110,9 +144,9 @@ static void cy_max_pool2x2_bwd_f32(const float *dy, const int *arg, float *dx, l
 {
     const long oh = h / 2, ow = w / 2;
 #if CY_X86
-    const long ow8 = cy_isa() >= 1 ? ow / 8 * 8 : 0;
+    const long ow8 = cy_isa() >= 1 ? ow / 8 * 8 : 0, ow4 = cy_isa() >= 1 ? ow / 4 * 4 : 0;
 #else
-    const long ow8 = 0;
+    const long ow8 = 0, ow4 = 0;
 #endif
     long t;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -124,8 +158,10 @@ static void cy_max_pool2x2_bwd_f32(const float *dy, const int *arg, float *dx, l
 #if CY_X86
             if (ow8 > 0)
                 cy_max2x2_back_row8(g, a, d0, d1, ow8);
+            if (ow4 > ow8)
+                cy_max2x2_back_4(g, a, d0, d1, ow8);
 #endif
-            for (long j = ow8; j < ow; j++) {
+            for (long j = ow4; j < ow; j++) {
                 d0[2 * j] = g[j] * (a[j] == 0 ? 1.0f : 0.0f);
                 d0[2 * j + 1] = g[j] * (a[j] == 1 ? 1.0f : 0.0f);
                 d1[2 * j] = g[j] * (a[j] == 2 ? 1.0f : 0.0f);

@@ -19,7 +19,7 @@ from cydnn.ops.cpu import _threads
 from cydnn.ops.cpu import conv as conv_module
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 if not cpu.kernels_available()[0]:
@@ -236,6 +236,9 @@ def pool_case(draw):
 @pytest.mark.parametrize("isa", ISAS)
 @SETTINGS
 @given(case=pool_case(), threads=st.integers(1, 3))
+@example(case=(64, 16, 8, 8, False, 1), threads=2)  # LeNet's pool2: rows of 4 windows
+@example(case=(3, 6, 24, 25, True, 2), threads=2)   # pool1's rows of 12 = 8 + 4, an odd column left
+@example(case=(2, 2, 31, 30, True, 3), threads=1)   # 15 = 8 + 4 + 3
 def test_max_pool_2x2_matches_the_twin_exactly(isa, case, threads):
     with using_isa(isa):
         _check_max_pool_2x2(case, threads)

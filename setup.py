@@ -161,9 +161,20 @@ def extensions():
     )
     # The CPU kernels: plain C, OpenMP, no CUDA.  -ffp-contract=off keeps a*b + c two roundings,
     # as in numpy (the tests compare the kernels with the numpy twin bit for bit where they can).
+    # The C headers _kernels_*.h (hot loops with AVX2 versions chosen at run time) are included from
+    # the .pyx: their folder is on the include path, and a change to one rebuilds the extension --
+    # also through the object cache, whose key has the command line: the macro
+    # CYDNN_KERNELS_HEADERS is a digest of the headers' text.
+    import hashlib
+    kernels_dir = os.path.join("python", "cydnn", "ops", "cpu")
+    kernels_headers = sorted(glob.glob(os.path.join(kernels_dir, "_kernels_*.h")))
+    digest = hashlib.sha256(b"".join(open(h, "rb").read() for h in kernels_headers)).hexdigest()[:16]
     kernels = Extension(
         "cydnn.ops.cpu._kernels",
-        sources=[os.path.join("python", "cydnn", "ops", "cpu", "_kernels.pyx")],
+        sources=[os.path.join(kernels_dir, "_kernels.pyx")],
+        depends=kernels_headers + sorted(glob.glob(os.path.join(kernels_dir, "_kernels_*.pxi"))),
+        include_dirs=[kernels_dir],
+        define_macros=[("CYDNN_KERNELS_HEADERS", digest)],
         language="c",
         extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
         extra_link_args=["-fopenmp"],

@@ -24,7 +24,9 @@ before timing, to float32 ``(pixel / 255 - mean) / std`` (no shifts), and
 each step is forward, mean cross-entropy, backward and SGD with momentum 0.9
 (lr 0.01, no Nesterov, no weight decay, no schedule) on the next slice of
 64 (``--batch-size``) images, in the same order on both sides: nothing but
-the layers and the update.  cydnn runs with the kernels chosen by
+the layers and the update.  Neither side computes the gradient of the input
+images (PyTorch's input has no ``requires_grad``; cydnn's backward runs with
+``input_grad=False``, as its training loop does), so both do the same work.  cydnn runs with the kernels chosen by
 ``--kernels`` (numpy, cython or auto; default auto), PyTorch eagerly with
 autograd.
 
@@ -51,7 +53,9 @@ from pathlib import Path
 import numpy as np
 
 LR, MOMENTUM, WEIGHT_DECAY, MAX_SHIFT, SEED = 0.03, 0.9, 5e-4, 2, 0
-DEFAULT_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+# ../shared/data/mnist beside the repository; from a worktree one level deeper (wt/<name>), the one above
+DEFAULT_MNIST = next((d for d in (Path(__file__).resolve().parents[i] / "shared" / "data" / "mnist" for i in (2, 3))
+                      if d.is_dir()), Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
 
 
 def load_mnist(limit_train=None, mnist=None, data_dir=None):
@@ -63,8 +67,8 @@ def load_mnist(limit_train=None, mnist=None, data_dir=None):
     from cydnn import datasets
     if mnist is None and DEFAULT_MNIST.is_dir():
         mnist = str(DEFAULT_MNIST)
-    train = datasets.MNIST(root=data_dir or tempfile.mkdtemp(prefix="bench_cpu_"), train=True,
-                           mirrors=None if mnist is None else [mnist])
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_") as tmp:  # removed after: the files are read into memory
+        train = datasets.MNIST(root=data_dir or tmp, train=True, mirrors=None if mnist is None else [mnist])
     images, labels = train.images, train.labels
     if limit_train is not None:
         images, labels = images[:limit_train], labels[:limit_train]
@@ -199,7 +203,7 @@ def cydnn_network_epoch(x, labels, batch_size, warmup_batches):
         for i in range(min(max_batches, -(-len(x) // batch_size))):
             sl = slice(i * batch_size, (i + 1) * batch_size)
             losses.append(loss_fn(model(x[sl]), y[sl]))
-            model.backward(loss_fn.backward())
+            model.backward(loss_fn.backward(), input_grad=False)  # no gradient for the data, as in PyTorch
             optimizer.step()
         return float(np.mean([float(v) for v in losses]))
 

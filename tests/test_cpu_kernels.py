@@ -25,11 +25,13 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 
 @pytest.fixture(autouse=True, scope="module")
 def every_kernel_on_all_cores():
-    """Run every kernel with all its OpenMP threads, however small the work (races show)."""
-    saved = _threads.PARALLEL_ELEMENTS
-    _threads.PARALLEL_ELEMENTS = 0
-    yield
-    _threads.PARALLEL_ELEMENTS = saved
+    """Run every kernel with all its OpenMP threads, however small the work (races show), the
+    load probe of the conv and pool kernels (_threads.kernel_threads) off."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_threads, "PARALLEL_ELEMENTS", 0)
+        mp.setattr(_threads, "KERNEL_PARALLEL_ELEMENTS", 0)
+        mp.setenv("CYDNN_CPU_LOAD_PROBE", "0")
+        yield
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 
@@ -375,12 +377,14 @@ def test_the_setting_is_restored_when_the_product_raises(recorder):
 def test_layer_ops_multiply_through_the_policy(recorder):
     x, w = np.ones((8, 16), np.float32), np.ones((4, 16), np.float32)
     cpu.linear_forward(x, w, None)
-    xc, wc = np.ones((2, 3, 9, 9), np.float32), np.ones((4, 3, 3, 3), np.float32)
+    # float64: im2col + products with both kernels (float32 would take the direct path, below)
+    xc, wc = np.ones((2, 3, 9, 9), np.float64), np.ones((4, 3, 3, 3), np.float64)
     for name in ("numpy", "cython"):
         with cpu.use_kernels(name):
             y, cache = cpu.conv_forward(xc, wc, None)
             cpu.conv_backward(y, cache)
     assert len(recorder.seen) == 1 + 2 * 3 and all(set(s) == {1} for s in recorder.seen)
+
 
 
 def test_omp_threads_by_size(monkeypatch):

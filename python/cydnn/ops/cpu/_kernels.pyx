@@ -20,6 +20,9 @@ columns ordered (b, i, j) or, when ``batch_inner``, (i, j, b).
     _kernels_conv.pxi    im2col / col2im, the layout changes of convolution
     _kernels_pool.pxi    ReLU, max and average pooling
     _kernels_update.pxi  SGD, Adam / AdamW
+    _kernels_direct.pxi  float32 kernels in C with runtime ISA dispatch (_kernels_isa.h): direct
+                         convolution (_kernels_direct.h), the row-by-row input gradient
+                         (_kernels_rows.h), 2 x 2 / 2 max pooling (_kernels_pool.h)
 """
 from cython.parallel cimport prange
 from libc.math cimport INFINITY, sqrt, sqrtf
@@ -55,3 +58,4 @@ cdef inline Py_ssize_t _end_inside(Py_ssize_t size, Py_ssize_t n_out, Py_ssize_t
 include "_kernels_conv.pxi"
 include "_kernels_pool.pxi"
 include "_kernels_update.pxi"
+include "_kernels_direct.pxi"

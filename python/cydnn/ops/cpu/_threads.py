@@ -16,19 +16,34 @@ anyway, so:
 The setting is changed only for the call and restored after it
 (threadpoolctl's per-library controllers, which also keep one Python thread
 from changing a limit another thread set; a get and two sets cost a few
-microseconds, small beside a product).  The compiled kernels (``_kernels``) get their OpenMP thread
-count the same way from the number of elements they touch
-(:func:`omp_threads`, ``PARALLEL_ELEMENTS``).
+microseconds, small beside a product).  The compiled elementwise kernels
+(ReLU, the optimizer updates) get their OpenMP thread count the same way from
+the number of elements they touch (:func:`omp_threads`, ``PARALLEL_ELEMENTS``).
 
-Environment: ``CYDNN_CPU_PARALLEL_FLOPS``, ``CYDNN_CPU_PARALLEL_ELEMENTS``
-(integers) move the two thresholds; ``0`` means always parallel.
+The kernels of convolution and pooling (im2col / col2im, direct convolution,
+the row-by-row input gradient, pooling) get theirs from :func:`kernel_threads`:
+parallel from ``KERNEL_PARALLEL_ELEMENTS`` (2^15) elements -- LeNet-5's layers
+at batch 64 use both cores -- but only on cores that other processes leave free.  A load probe (:class:`LoadProbe`) reads, at
+most every ``PROBE_SECONDS``, how much CPU time the machine's other processes
+took since its last reading (``/proc/stat`` over the CPUs this process may run
+on, less this process's own time): with one busy process beside us on two
+cores the kernels run on one thread, where two would wait for each other at
+every barrier of an OpenMP loop whose second thread shares its core (a
+collapse, as the BLAS's above).
+
+Environment: ``CYDNN_CPU_PARALLEL_FLOPS``, ``CYDNN_CPU_PARALLEL_ELEMENTS``,
+``CYDNN_CPU_KERNEL_PARALLEL_ELEMENTS`` (integers) move the three thresholds;
+``0`` means always parallel.  ``CYDNN_CPU_LOAD_PROBE=0`` turns the probe off
+(the machine is then taken to be idle).
 """
 import os
+import threading
+import time
 
 import numpy as np
 
-__all__ = ["PARALLEL_FLOPS", "PARALLEL_ELEMENTS", "available_cores", "blas_threads_for", "omp_threads",
-           "matmul", "BlasThreads"]
+__all__ = ["PARALLEL_FLOPS", "PARALLEL_ELEMENTS", "KERNEL_PARALLEL_ELEMENTS", "available_cores", "blas_threads_for",
+           "omp_threads", "kernel_threads", "LoadProbe", "matmul", "BlasThreads"]
 
 
 def _env_int(name, default):
@@ -48,6 +63,10 @@ def _env_int(name, default):
 PARALLEL_FLOPS = _env_int("CYDNN_CPU_PARALLEL_FLOPS", 1 << 26)
 #: kernels touching fewer elements than this run on one OpenMP thread
 PARALLEL_ELEMENTS = _env_int("CYDNN_CPU_PARALLEL_ELEMENTS", 1 << 21)
+#: the C kernels of conv and pool (:func:`kernel_threads`) touching fewer elements run on one thread
+KERNEL_PARALLEL_ELEMENTS = _env_int("CYDNN_CPU_KERNEL_PARALLEL_ELEMENTS", 1 << 15)
+#: the load probe's interval: it reads /proc/stat at most this often (seconds)
+PROBE_SECONDS = 0.25
 
 
 def available_cores():
@@ -61,12 +80,9 @@ def available_cores():
 _OMP_CAP = None  # min(available cores, $OMP_NUM_THREADS), computed once
 
 
-def omp_threads(elements):
-    """OpenMP threads for a kernel touching ``elements`` numbers: 1 below ``PARALLEL_ELEMENTS``,
-    else the available cores (at most ``$OMP_NUM_THREADS`` when set)."""
+def _omp_cap():
+    """min(available cores, $OMP_NUM_THREADS when set), computed once."""
     global _OMP_CAP
-    if elements < PARALLEL_ELEMENTS:
-        return 1
     if _OMP_CAP is None:
         cap = available_cores()
         env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
@@ -74,6 +90,104 @@ def omp_threads(elements):
             cap = min(cap, int(env))
         _OMP_CAP = cap
     return _OMP_CAP
+
+
+def omp_threads(elements):
+    """OpenMP threads for a kernel touching ``elements`` numbers: 1 below ``PARALLEL_ELEMENTS``,
+    else the available cores (at most ``$OMP_NUM_THREADS`` when set)."""
+    if elements < PARALLEL_ELEMENTS:
+        return 1
+    return _omp_cap()
+
+
+class LoadProbe:
+    """How many cores the other processes of the machine keep busy, measured from ``/proc/stat``.
+
+    :meth:`busy_elsewhere` is the CPU time (in cores) that the CPUs this process
+    may run on spent busy (user, nice, system, irq, softirq, steal) over the last
+    interval, less the CPU time of this process (``os.times``, all its threads).
+    A reading is taken when the probe is made and again whenever ``PROBE_SECONDS``
+    have passed (a call in between costs a clock read).  None until an interval of
+    ``FIRST_SECONDS`` has passed (too few clock ticks to tell before); 0.0 where
+    /proc/stat cannot be read.
+    """
+
+    FIRST_SECONDS = 0.05
+
+    def __init__(self, stat_path="/proc/stat", clock=time.monotonic, own_cpu=None, cpus=None):
+        self.stat_path = stat_path
+        self.clock = clock
+        self.own_cpu = own_cpu or (lambda: sum(os.times()[:2]))
+        self.cpus = cpus  # the "cpuN" names to count (None: this process's affinity)
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.lock = threading.Lock()
+        self.busy = None
+        self.last = self._reading()  # (clock, busy seconds of our CPUs or None, own CPU seconds)
+
+    def _names(self):
+        if self.cpus is not None:
+            return self.cpus
+        try:
+            return {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        except (AttributeError, OSError):
+            return None
+
+    def _busy_seconds(self):
+        """Busy seconds since boot of the CPUs counted (None if /proc/stat cannot be read)."""
+        try:
+            with open(self.stat_path, "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            return None
+        names, total, seen = self._names(), 0, False
+        for line in text.splitlines():
+            fields = line.split()
+            if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+                continue
+            if names is not None and fields[0] not in names:
+                continue
+            v = [int(f) for f in fields[1:9]]
+            v += [0] * (8 - len(v))
+            total += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
+            seen = True
+        return total / self.tick if seen else None
+
+    def _reading(self):
+        return self.clock(), self._busy_seconds(), self.own_cpu()
+
+    def busy_elsewhere(self):
+        """Cores kept busy by other processes over the last interval (None: not known yet)."""
+        last = self.last
+        wait = self.FIRST_SECONDS if self.busy is None else PROBE_SECONDS
+        if self.clock() - last[0] < wait:
+            return self.busy
+        with self.lock:
+            now, busy, own = reading = self._reading()
+            if busy is None or last[1] is None:
+                self.busy = 0.0
+            elif now > last[0]:
+                self.busy = max(0.0, ((busy - last[1]) - (own - last[2])) / (now - last[0]))
+            self.last = reading
+        return self.busy
+
+
+_probe = LoadProbe()
+
+
+def kernel_threads(elements):
+    """OpenMP threads for a C kernel of conv or pool touching ``elements`` numbers: 1 below
+    ``KERNEL_PARALLEL_ELEMENTS``, else the cores of :func:`omp_threads`'s cap that the other
+    processes leave free (:class:`LoadProbe`; cores minus their busy time, rounded to nearest,
+    half up), at least 1; 1 while the probe has no reading yet."""
+    if elements < KERNEL_PARALLEL_ELEMENTS:
+        return 1
+    cap = _omp_cap()
+    if cap <= 1 or os.environ.get("CYDNN_CPU_LOAD_PROBE", "1").strip() == "0":
+        return cap
+    busy = _probe.busy_elsewhere()
+    if busy is None:  # the first few ms of the process: not known yet, so one thread
+        return 1
+    return max(1, min(cap, int(cap - busy + 0.5)))
 
 
 # ------------------------------------------------------------------------ BLAS

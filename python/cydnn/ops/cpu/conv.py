@@ -28,6 +28,17 @@ copied; the bias is added during the transposition of y to NCHW.  One pass
 each, in C with OpenMP.  The cache has the same form either way, so the two
 can be mixed (the kernels take a cache of either column order).  The products
 go through ``_threads.matmul`` (BLAS threads by size) in both.
+
+Direct path (compiled kernels, float32, stride 1, the CPU with AVX2 + FMA --
+``_kernels.isa()`` -- and a small layer: ``c*kh*kw <= DIRECT_MAX_WINDOW``
+and ``k <= DIRECT_MAX_OUT``, as LeNet's two layers): no im2col and no
+matrix product.  The forward and the weight gradient are direct sums over
+the (padded) input (``_kernels_direct.h``), the input gradient is computed
+row by row from dy (``_kernels_rows.h``), each one pass in C parallel over
+the batch (``_threads.kernel_threads``).  The cache then keeps the padded
+input instead of the columns (``cols`` None, ``xp`` set); the twin's
+backward takes that cache too (it makes the columns from xp), and the
+kernels' backward takes the twin's.
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -40,6 +51,18 @@ __all__ = ["conv_forward", "conv_backward"]
 
 #: output rows shorter than this put the batch innermost in the columns (see the module docstring)
 BATCH_INNER_BELOW_OW = 16
+#: the direct path takes layers with at most this many weights per output channel (c*kh*kw) ...
+DIRECT_MAX_WINDOW = 256
+#: ... and at most this many output channels (beyond, im2col + BLAS)
+DIRECT_MAX_OUT = 64
+
+
+def _direct(compiled, x, w, stride_hw):
+    """Whether conv_forward takes the direct path (see the module docstring)."""
+    k, c, kh, kw = w.shape
+    return (x.dtype == np.float32 and tuple(stride_hw) == (1, 1) and c * kh * kw <= DIRECT_MAX_WINDOW
+            and k <= DIRECT_MAX_OUT and x.size > 0 and w.size > 0 and getattr(compiled, "isa", None) is not None
+            and compiled.isa() != "baseline")
 
 
 def _im2col(xp, kernel_hw, stride_hw, batch_inner):
@@ -101,6 +124,8 @@ def conv_forward(x, w, b, stride=1, padding=0):
     n, k = x.shape[0], w.shape[0]
     xp_shape = x.shape[:2] + (x.shape[2] + 2 * pad_hw[0], x.shape[3] + 2 * pad_hw[1])
     compiled = kernels.active()
+    if compiled is not None and _direct(compiled, x, w, stride_hw):
+        return _forward_direct(compiled, x, w, b, pad_hw, out_hw, xp_shape)
     if compiled is not None:
         return _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape)
     batch_inner = out_hw[1] < BATCH_INNER_BELOW_OW
@@ -110,7 +135,35 @@ def conv_forward(x, w, b, stride=1, padding=0):
     if b is not None:
         y += b[:, None]  # on contiguous rows: several times faster than on the (n, k, oh, ow) result
     # The cache keeps the columns (about kh*kw times x's size) so that backward needs no second im2col.
-    return _to_nchw(y, n, out_hw, batch_inner), (xp_shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner)
+    return (_to_nchw(y, n, out_hw, batch_inner),
+            (xp_shape, w, cols, b is not None, stride_hw, pad_hw, batch_inner, None))
+
+
+def _forward_direct(compiled, x, w, b, pad_hw, out_hw, xp_shape):
+    """conv_forward on the direct path: y from the padded input, no columns; the cache keeps xp."""
+    n, k = x.shape[0], w.shape[0]
+    xp = np.ascontiguousarray(_windows.pad(x, pad_hw))
+    w = np.ascontiguousarray(w)
+    y = np.empty((n, k) + tuple(out_hw), dtype=x.dtype)
+    bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
+    compiled.conv_direct_forward(xp, w, bias, y, b is not None, _threads.kernel_threads(y.size * w[0].size))
+    return y, (xp_shape, w, None, b is not None, (1, 1), pad_hw, None, xp)
+
+
+def _backward_direct(compiled, dy, cache, need_dx):
+    """conv_backward on the direct path (a cache with xp): the direct weight gradient, the row-by-row dx."""
+    xp_shape, w, _, has_bias, _, pad_hw, _, xp = cache
+    k = w.shape[0]
+    dy = np.ascontiguousarray(dy)
+    dw = np.empty(w.shape, dtype=dy.dtype)
+    db = np.empty(k, dtype=dy.dtype) if has_bias else np.zeros(1, dtype=dy.dtype)
+    macs = dy.size * w[0].size  # multiply-adds of each pass: the work that sets the threads
+    compiled.conv_direct_weight_grad(xp, dy, dw, db, has_bias, _threads.kernel_threads(macs))
+    if not need_dx:
+        return None, dw, db if has_bias else None
+    dxp = np.empty(xp_shape, dtype=dy.dtype)
+    compiled.conv_rows_input_grad(dy, np.ascontiguousarray(w), dxp, _threads.kernel_threads(macs))
+    return np.ascontiguousarray(_windows.unpad(dxp, pad_hw)), dw, db if has_bias else None
 
 
 def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
@@ -118,7 +171,7 @@ def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
     transposed to (c, h, w, n) once, after which every im2col copy is a run of ow*n numbers."""
     n, c, h, wd = x.shape
     k, _, kh, kw = w.shape
-    (oh, ow), threads = out_hw, _threads.omp_threads
+    (oh, ow), threads = out_hw, _threads.kernel_threads
     xt = np.empty((c, h, wd, n), dtype=x.dtype)
     compiled.batch_inner(np.ascontiguousarray(x), xt, threads(x.size))
     cols = np.empty((c * kh * kw, n * oh * ow), dtype=x.dtype)
@@ -127,16 +180,16 @@ def _forward_compiled(compiled, x, w, b, stride_hw, pad_hw, out_hw, xp_shape):
     out = np.empty((n, k, oh, ow), dtype=x.dtype)
     bias = np.zeros(1, dtype=x.dtype) if b is None else np.ascontiguousarray(b)
     compiled.rows_bi_to_nchw(y, bias, out, b is not None, False, threads(y.size))
-    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, True)
+    return out, (xp_shape, w, cols, b is not None, stride_hw, pad_hw, True, None)
 
 
 def _backward_compiled(compiled, dy, cache, need_dx):
     """conv_backward with the compiled kernels (either column order of the cache)."""
-    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner = cache
+    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner, _ = cache
     n, c, hp, wp = xp_shape
     k, _, kh, kw = w.shape
     h, wd = hp - 2 * pad_hw[0], wp - 2 * pad_hw[1]
-    threads = _threads.omp_threads
+    threads = _threads.kernel_threads
     dy = np.ascontiguousarray(dy)
     d = np.empty((k, cols.shape[1]), dtype=dy.dtype)  # dy as rows, columns ordered like cols
     if batch_inner:
@@ -169,13 +222,18 @@ def conv_backward(dy, cache, need_dx=True):
     ``db = the row sums of D``, ``dcols = W.T @ D``; dx is dcols added back into
     the windows they were read from (col2im), then unpadded.
     """
-    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner = cache
+    xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner, xp = cache
     n, c, hp, wp = xp_shape
     k, _, kh, kw = w.shape
     out_hw = ((hp - kh) // stride_hw[0] + 1, (wp - kw) // stride_hw[1] + 1)
     _check.check_same_shape("conv_backward", "dy", dy, "y", (n, k) + out_hw, dtype=w.dtype)
 
     compiled = kernels.active()
+    if compiled is not None and cols is None and getattr(compiled, "isa", None) is not None:
+        return _backward_direct(compiled, dy, cache, need_dx)
+    if cols is None:  # a cache of the direct path: its columns, made from the padded input it kept
+        cols, batch_inner = _im2col(xp, (kh, kw), stride_hw, False), False
+        cache = (xp_shape, w, cols, has_bias, stride_hw, pad_hw, batch_inner, None)
     if compiled is not None:
         return _backward_compiled(compiled, dy, cache, need_dx)
     d = _from_nchw(dy, batch_inner)  # (k, n*oh*ow), columns ordered like cols

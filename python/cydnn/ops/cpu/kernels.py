@@ -5,6 +5,11 @@
     cydnn.ops.cpu.set_kernels("auto")     # cython where the extension was built, else numpy
 
 The default is ``$CYDNN_CPU_KERNELS`` (one of the three names), else "auto".
+
+The float32 kernels written in C (direct convolution, 2 x 2 pooling) have an
+AVX2 + FMA version chosen at run time where the CPU has it;
+``$CYDNN_CPU_ISA=baseline`` (or ``_kernels.set_isa("baseline")``) forces the
+plain loops, ``avx2`` or ``auto`` (the default) the best the CPU supports.
 Both choices compute the same functions with the same caches, so a forward
 pass run with one can be differentiated with the other.  The choice covers
 im2col / col2im and the layout changes of convolution, max and average
@@ -74,6 +79,11 @@ def _from_env():
     if name not in _NAMES:
         raise ValueError(f"${_ENV} must be one of {', '.join(_NAMES)}, got {os.environ[_ENV]!r}")
     set_kernels(name)
+    isa = os.environ.get("CYDNN_CPU_ISA", "auto").strip().lower() or "auto"
+    if isa not in ("auto", "baseline", "avx2"):
+        raise ValueError(f"$CYDNN_CPU_ISA must be one of auto, baseline, avx2, got {os.environ['CYDNN_CPU_ISA']!r}")
+    if _compiled is not None and hasattr(_compiled, "set_isa"):
+        _compiled.set_isa(_compiled.isa_max() if isa == "auto" else isa)
 
 
 _from_env()

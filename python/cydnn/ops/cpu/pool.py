@@ -9,6 +9,9 @@ back one offset at a time (overlapping windows accumulate).
 With the compiled kernels (``kernels.set_kernels("cython")``) each op is one
 pass over the (image, channel) planes in C with OpenMP, the padding never
 materialised; the caches have the same form (max pooling's offsets as int32).
+Max pooling with a 2 x 2 kernel, stride 2 and no padding (LeNet's) on float32
+takes a kernel of its own (``_kernels_pool.h``): 8 windows at a time with AVX2
+where the CPU has it, bit for bit the twin's result either way.
 """
 import numpy as np
 
@@ -17,6 +20,12 @@ from . import _threads, _windows, kernels
 from .arrays import FLOATS as _FLOATS
 
 __all__ = ["max_pool_forward", "max_pool_backward", "avg_pool_forward", "avg_pool_backward"]
+
+
+def _pool2x2(compiled, dtype, size, kernel_hw, stride_hw, pad_hw):
+    """Whether max pooling takes the 2 x 2 / 2 kernel (float32, no padding, something to pool)."""
+    return (dtype == np.float32 and tuple(kernel_hw) == (2, 2) and tuple(stride_hw) == (2, 2)
+            and tuple(pad_hw) == (0, 0) and size > 0 and getattr(compiled, "max_pool2x2_forward", None) is not None)
 
 
 def _tiled(x_shape, kernel_hw, stride_hw, pad_hw):
@@ -56,7 +65,10 @@ def max_pool_forward(x, kernel=2, stride=None, padding=0):
         x = np.ascontiguousarray(x)
         y = np.empty(x.shape[:2] + (oh, ow), dtype=x.dtype)
         arg = np.empty(y.shape, dtype=np.int32)
-        compiled.max_pool_forward(x, y, arg, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+        if _pool2x2(compiled, x.dtype, y.size, kernel_hw, stride_hw, pad_hw):
+            compiled.max_pool2x2_forward(x, y, arg, _threads.kernel_threads(x.size))
+        else:
+            compiled.max_pool_forward(x, y, arg, kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(x.size))
         return y, (x.shape, x.dtype, arg, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, -np.inf), kernel_hw, stride_hw)
     y = np.full(win.shape[:4], -np.inf, dtype=x.dtype)  # the running maximum
@@ -87,10 +99,15 @@ def max_pool_backward(dy, cache):
     n, c, h, w = x_shape
     kh, kw = kernel_hw
     compiled = kernels.active()
+    if compiled is not None and _pool2x2(compiled, dtype, arg.size, kernel_hw, stride_hw, pad_hw):
+        dx = np.empty(x_shape, dtype=dtype)  # every element written
+        compiled.max_pool2x2_backward(np.ascontiguousarray(dy), np.ascontiguousarray(arg, dtype=np.int32), dx,
+                                      _threads.kernel_threads(dx.size))
+        return dx
     if compiled is not None:
         dx = np.zeros(x_shape, dtype=dtype)
         compiled.max_pool_backward(np.ascontiguousarray(dy), np.ascontiguousarray(arg, dtype=np.int32), dx,
-                                   kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(dx.size))
+                                   kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(dx.size))
         return dx
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):  # written straight into dx's tiles
         dtiles = np.empty((n, c, h // kh, kh, w // kw, kw), dtype=dtype)
@@ -122,7 +139,7 @@ def avg_pool_forward(x, kernel=2, stride=None, padding=0):
     if compiled is not None:
         x = np.ascontiguousarray(x)
         y = np.empty(x.shape[:2] + out_hw, dtype=x.dtype)
-        compiled.avg_pool_forward(x, y, kh, kw, *stride_hw, *pad_hw, _threads.omp_threads(x.size))
+        compiled.avg_pool_forward(x, y, kh, kw, *stride_hw, *pad_hw, _threads.kernel_threads(x.size))
         return y, (x.shape, x.dtype, y.shape, kernel_hw, stride_hw, pad_hw)
     win = _windows.windows(_windows.pad(x, pad_hw, 0.0), kernel_hw, stride_hw)
     y = win[:, :, :, :, 0, 0].copy()
@@ -145,7 +162,7 @@ def avg_pool_backward(dy, cache):
     if compiled is not None:
         dx = np.zeros(x_shape, dtype=dtype)
         compiled.avg_pool_backward(np.ascontiguousarray(dy), dx, kh, kw, *stride_hw, *pad_hw,
-                                   _threads.omp_threads(dx.size))
+                                   _threads.kernel_threads(dx.size))
         return dx
     share = dy / (kh * kw)
     if _tiled(x_shape, kernel_hw, stride_hw, pad_hw):

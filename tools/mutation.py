@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # module -> (sources to mutate, under python/; the test files that exercise them).
 TABLE = {
     "optim": (["cydnn/optim.py"], ["tests/test_optim*.py", "tests/test_faults_api.py"]),
-    "ops/cpu": (["cydnn/ops/cpu"], ["tests/test_ops_cpu*.py", "tests/test_layers_norm.py",
+    "ops/cpu": (["cydnn/ops/cpu"], ["tests/test_ops_cpu*.py", "tests/test_cpu_kernels*.py", "tests/test_layers_norm.py",
                                     "tests/test_datasets_loader.py", "tests/test_datasets_augment.py"]),
     "serialization": (["cydnn/serialization.py", "cydnn/checkpoint_checks.py"],
                       ["tests/test_serialization*.py", "tests/test_faults_checkpoint*.py",

@@ -99,9 +99,9 @@ def test_both_temporaries_are_in_the_cache_folder_while_fetching(tmp_path, monke
     monkeypatch.setattr(download, "_fetch", lambda *a: seen.append(sorted(os.listdir(folder))) or real(*a))
     download._fetch_from_mirror(folder_mirror(tmp_path / "m"), IMAGES, INFO, folder)
     (names,) = seen
-    assert len(names) == 2
-    assert names[0].startswith(f".{IMAGES}.") and names[0].endswith(".part") and ".gz." not in names[0]
-    assert names[1].startswith(f".{IMAGES}.gz.") and names[1].endswith(".part")
+    gz = [n for n in names if n.startswith(f".{IMAGES}.gz.") and n.endswith(".part")]
+    idx = [n for n in names if n.startswith(f".{IMAGES}.") and n.endswith(".part") and n not in gz]
+    assert len(gz) == 1 and len(idx) == 1 and len(names) == 2, names
     assert os.listdir(folder) == [IMAGES]
 
 
@@ -188,3 +188,36 @@ def test_a_file_already_in_the_cache_is_not_fetched_again(tmp_path):
     (folder / IMAGES).write_bytes(RAW[:-1])           # a wrong one is fetched: the mirror fails
     with pytest.raises(DatasetDownloadError):
         download._download("tiny", IMAGES, INFO, folder, [str(tmp_path / "nowhere")])
+
+
+# ------------------------------------------------------------------ roots and mirror forms
+def test_the_cache_root_expands_home_and_ignores_an_empty_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CYDNN_DATA", "~/env")
+    assert download.data_root("~/arg") == tmp_path / "home" / "arg"
+    assert download.data_root() == tmp_path / "home" / "env"
+    monkeypatch.setenv("CYDNN_DATA", "")
+    assert download.data_root() == tmp_path / "data"
+    monkeypatch.delenv("CYDNN_DATA")
+    assert download.data_root() == tmp_path / "data"
+
+
+def test_mirror_forms_accepted_and_refused(tmp_path):
+    assert download._check_mirror(tmp_path) == str(tmp_path)
+    assert download._check_mirror("HTTPS://h/x") == "HTTPS://h/x" and download._check_mirror("rel/dir") == "rel/dir"
+    assert not download._is_url(tmp_path) and download._is_url("file:///x") and not download._is_url("a:/b")
+    with pytest.raises(TypeError) as e:
+        download._check_mirror(42)
+    assert str(e.value) == "a mirror must be a URL or a directory path, got 42"
+    with pytest.raises(ValueError) as e:
+        download._check_mirror("FTP://h/x")
+    assert str(e.value) == ("mirror 'FTP://h/x': unsupported URL scheme 'ftp' "
+                            "(use http://, https://, file:// or a directory path)")
+
+
+def test_local_mirror_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert download._local_dir("~/m") == str(tmp_path / "m")
+    assert download._local_dir("FILE:///srv/m%20x") == "/srv/m x"
+    assert download._local_dir("https://h/m") is None

@@ -221,3 +221,71 @@ def test_local_mirror_folders(tmp_path, monkeypatch):
     assert download._local_dir("~/m") == str(tmp_path / "m")
     assert download._local_dir("FILE:///srv/m%20x") == "/srv/m x"
     assert download._local_dir("https://h/m") is None
+
+
+# ------------------------------------------------------------------ temporaries, leftovers, the lock
+def test_a_temporary_that_cannot_be_made_names_the_folder_and_the_file(tmp_path, monkeypatch):
+    def refuse(**kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(download.tempfile, "mkstemp", refuse)
+    with pytest.raises(DatasetCacheError) as e:
+        download._temp_file(tmp_path / "c", "f.gz")
+    assert e.value.strerror == (f"cannot write into the dataset cache folder {str(tmp_path / 'c')!r}: "
+                                f"Permission denied (while writing f.gz)")
+
+
+def test_leftovers_of_the_file_are_removed_and_nothing_else(tmp_path, monkeypatch):
+    names = [f".{IMAGES}.abc.part", f".{IMAGES}.gz.def.part", f".{IMAGES}.abc", f"{IMAGES}.x.part", ".other.a.part"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    download._remove_leftovers(tmp_path, IMAGES)
+    assert sorted(os.listdir(tmp_path)) == sorted(names[2:])
+    # One that another process removed between the listing and the removal is no error.
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter([self / f".{IMAGES}.gone.part"]))
+    download._remove_leftovers(tmp_path, IMAGES)
+
+
+class Clock:
+    def __init__(self):
+        self.now, self.sleeps = 50.0, []
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_an_explicit_lock_timeout_of_zero_polls_once_more(tmp_path, monkeypatch):
+    import fcntl
+    clock = Clock()
+    monkeypatch.setattr(download, "time", clock)
+    monkeypatch.setattr(datasets, "LOCK_TIMEOUT", 100)
+    holder = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(TimeoutError, match=r"for more than 0 s \(LOCK_TIMEOUT\)"):
+            with download._FolderLock(tmp_path, timeout=0):
+                pass
+    finally:
+        os.close(holder)
+    assert clock.sleeps == [0.05]                 # at the limit it still waits; past it, it gives up
+
+
+def test_a_lock_on_a_missing_folder_names_it(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(DatasetCacheError) as e:
+        with download._FolderLock(missing, timeout=1):
+            pass
+    assert e.value.errno == errno.ENOENT
+    assert e.value.strerror == (f"cannot write into the dataset cache folder {str(missing)!r}: "
+                                f"No such file or directory (while writing .lock)")
+
+
+def test_without_flock_the_lock_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcntl", None)    # as on Windows: import fcntl fails
+    lock = download._FolderLock(tmp_path, timeout=1)
+    with lock as held:
+        assert held is lock and lock.fd is None
+    assert os.listdir(tmp_path) == []

@@ -130,6 +130,33 @@ def test_a_decompressed_file_with_a_bad_header_is_named(tmp_path):
         f"{mirror / IMAGES}: not an unsigned-byte IDX file of rank 1 or 3 (it starts with b'\\x00\\x00\\t\\x01')")
 
 
+def test_a_decompressed_file_is_checked_from_its_16_header_bytes(tmp_path, monkeypatch):
+    (tmp_path / "cache").mkdir()
+    mirror = folder_mirror(tmp_path / "m", gz=None, raw=RAW)
+    reads, real_open = [], open
+
+    class Reads:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, n=-1):
+            reads.append(n)
+            return self.f.read(n)
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+    monkeypatch.setattr(download, "open", lambda *a, **k: Reads(real_open(*a, **k)), raising=False)
+    download._fetch_from_mirror(str(mirror), IMAGES, INFO, tmp_path / "cache")
+    assert reads == [16]                                 # the header only; the hash reads the rest
+    assert (tmp_path / "cache" / IMAGES).read_bytes() == RAW
+
+
 def test_a_decompressed_file_with_other_content_says_there_is_no_gz(tmp_path):
     (tmp_path / "cache").mkdir()
     bad = RAW[:-1] + bytes([RAW[-1] ^ 1])

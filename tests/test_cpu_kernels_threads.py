@@ -14,6 +14,13 @@ import pytest
 from cydnn.ops.cpu import _threads
 
 
+@pytest.fixture(autouse=True)
+def not_forked(monkeypatch):
+    """The policy as a process that was not forked has it (these tests also run in forked workers, e.g.
+    mutmut's, where a forked child's kernels run on one thread)."""
+    monkeypatch.setattr(_threads, "_FORKED", False)
+
+
 def stat_text(cpu0, cpu1, cpu2=(0,) * 8):
     """A /proc/stat with three CPUs; each tuple is user nice system idle iowait irq softirq steal (ticks)."""
     total = [a + b + c for a, b, c in zip(cpu0, cpu1, cpu2)]
@@ -117,3 +124,47 @@ def test_the_probe_sees_a_busy_process():
     finally:
         busy.kill()
         busy.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(os, "register_at_fork"), reason="needs os.fork")
+def test_a_forked_child_runs_the_kernels_on_one_thread_instead_of_hanging(monkeypatch):
+    """GNU OpenMP's thread pool does not survive fork(): a child forked after a convolution ran on two
+    threads used to wait for ever in its next parallel region.  The child must now finish the same
+    convolution (on one thread) and give the parent's result; the parent keeps its threads."""
+    import numpy as np
+    from cydnn.ops.cpu import conv
+
+    monkeypatch.setenv("CYDNN_CPU_LOAD_PROBE", "0")
+    monkeypatch.setattr(_threads, "KERNEL_PARALLEL_ELEMENTS", 0)
+    monkeypatch.setattr(_threads, "_OMP_CAP", 2)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 6, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((16, 6, 5, 5)).astype(np.float32)
+    assert _threads.kernel_threads(1 << 20) == 2
+    want, _ = conv.conv_forward(x, w, None, 1, 0)       # two threads: the parent's pool exists now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if it computed the same result on one thread
+        try:
+            os.close(read)
+            got, _ = conv.conv_forward(x, w, None, 1, 0)
+            ok = _threads._FORKED and _threads.kernel_threads(1 << 20) == 1 and np.allclose(got, want, atol=1e-5)
+            os.write(write, b"ok" if ok else b"wrong")
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        os.close(read)
+        pytest.fail("the forked child did not finish a convolution in 30 s (OpenMP's pool after fork)")
+    said = os.read(read, 16)
+    os.close(read)
+    assert said == b"ok", said
+    assert not _threads._FORKED and _threads.kernel_threads(1 << 20) == 2

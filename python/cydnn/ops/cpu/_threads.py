@@ -79,10 +79,28 @@ def available_cores():
 
 _OMP_CAP = None  # min(available cores, $OMP_NUM_THREADS), computed once
 
+# GNU OpenMP's thread pool does not survive fork(): in a child forked after the kernels ran on
+# several threads, the next parallel region waits for pool threads that do not exist there, for
+# ever (seen with multiprocessing's default start method on Linux and with mutmut's forked
+# workers).  A forked child therefore runs every kernel on one thread, which needs no pool.
+_FORKED = False
+
+
+def _after_fork_in_child():
+    global _FORKED, _probe
+    _FORKED = True
+    _probe = LoadProbe()  # a fresh lock: another thread of the parent may have held the old one
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 def _omp_cap():
-    """min(available cores, $OMP_NUM_THREADS when set), computed once."""
+    """min(available cores, $OMP_NUM_THREADS when set), computed once; 1 in a forked child."""
     global _OMP_CAP
+    if _FORKED:
+        return 1
     if _OMP_CAP is None:
         cap = available_cores()
         env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()

@@ -35,6 +35,12 @@ def every_kernel_on_all_cores():
 DTYPES = st.sampled_from([np.float32, np.float64])
 
 
+def TWO():
+    """Two threads for the kernels called directly, one in a forked child (e.g. a mutmut worker), where
+    GNU OpenMP's pool inherited from the parent would hang a parallel region."""
+    return _threads.fork_safe(2)
+
+
 def tol(dtype):
     return dict(rtol=2e-5, atol=2e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
 
@@ -96,13 +102,13 @@ def test_im2col_and_col2im_kernels_match_the_twin_exactly(case):
     xp = _windows.pad(x, (ph, pw))
     ref = np.ascontiguousarray(conv_module._im2col(xp, (kh, kw), (sh, sw), True))
     xt = np.full((c, h, wd, n), np.nan, dtype=dtype)
-    _kernels.batch_inner(x, xt, 2)
+    _kernels.batch_inner(x, xt, TWO())
     np.testing.assert_array_equal(xt, x.transpose(1, 2, 3, 0))
     back = np.full(x.shape, np.nan, dtype=dtype)
-    _kernels.batch_outer(xt, back, 2)
+    _kernels.batch_outer(xt, back, TWO())
     np.testing.assert_array_equal(back, x)
     cols = np.full(ref.shape, np.nan, dtype=dtype)  # every entry must be written
-    _kernels.im2col_bi(xt, cols, kh, kw, sh, sw, ph, pw, 2)
+    _kernels.im2col_bi(xt, cols, kh, kw, sh, sw, ph, pw, TWO())
     np.testing.assert_array_equal(cols, ref)  # a copy: exact
     oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
     dcols = rng.standard_normal(ref.shape).astype(dtype)
@@ -110,11 +116,11 @@ def test_im2col_and_col2im_kernels_match_the_twin_exactly(case):
         dxp = conv_module._col2im(dcols, xp.shape, (kh, kw), (sh, sw), (oh, ow), order)
         if order:
             dxt = np.zeros((c, h, wd, n), dtype=dtype)
-            _kernels.col2im_bi(dcols, dxt, kh, kw, sh, sw, ph, pw, 2)
+            _kernels.col2im_bi(dcols, dxt, kh, kw, sh, sw, ph, pw, TWO())
             dx = dxt.transpose(3, 0, 1, 2)
         else:
             dx = np.zeros(x.shape, dtype=dtype)
-            _kernels.col2im(dcols, dx, kh, kw, sh, sw, ph, pw, False, 2)
+            _kernels.col2im(dcols, dx, kh, kw, sh, sw, ph, pw, False, TWO())
         np.testing.assert_array_equal(dx, _windows.unpad(dxp, (ph, pw)))
 
 
@@ -181,12 +187,12 @@ def test_the_layout_kernels_of_convolution(n, m, oh, ow, has_bias, relu, dtype, 
     if relu:
         ref = np.maximum(ref, 0)
     out = np.full((n, m, oh, ow), np.nan, dtype=dtype)
-    _kernels.rows_bi_to_nchw(y, bias, out, has_bias, relu, 2)
+    _kernels.rows_bi_to_nchw(y, bias, out, has_bias, relu, TWO())
     np.testing.assert_array_equal(out, ref)
     rows = np.full(y.shape, np.nan, dtype=dtype)
-    _kernels.nchw_to_rows_bi(np.ascontiguousarray(ref), rows, 2)
+    _kernels.nchw_to_rows_bi(np.ascontiguousarray(ref), rows, TWO())
     np.testing.assert_array_equal(rows, np.ascontiguousarray(ref.transpose(1, 2, 3, 0)).reshape(m, -1))
-    _kernels.nchw_to_rows(np.ascontiguousarray(ref), rows, False, 2)
+    _kernels.nchw_to_rows(np.ascontiguousarray(ref), rows, False, TWO())
     np.testing.assert_array_equal(rows, np.ascontiguousarray(ref.transpose(1, 0, 2, 3)).reshape(m, -1))
 
 

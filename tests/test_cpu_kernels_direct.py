@@ -82,6 +82,7 @@ def test_direct_kernels_match_the_twin(isa, case, threads):
 
 
 def _check_direct_kernels(case, threads):
+    threads = _threads.fork_safe(threads)  # one in a forked child (GNU OpenMP's pool does not survive fork)
     n, c, k, h, w, kh, kw, has_bias, seed = case
     x, wt, b, dy = _data(n, c, k, h, w, kh, kw, seed)
     f64 = np.float64
@@ -112,7 +113,7 @@ def _check_direct_kernels(case, threads):
 def test_the_thread_count_changes_nothing_but_the_grouping_of_the_weight_gradient(isa):
     x, wt, b, dy = _data(9, 3, 7, 17, 21, 5, 5, 4)
     outs = []
-    for threads in (1, 2, 3):
+    for threads in map(_threads.fork_safe, (1, 2, 3)):
         y, dw, db, dx = (np.empty(dy.shape, np.float32), np.empty_like(wt), np.empty(7, np.float32),
                          np.empty_like(x))
         with using_isa(isa):
@@ -245,6 +246,7 @@ def test_max_pool_2x2_matches_the_twin_exactly(isa, case, threads):
 
 
 def _check_max_pool_2x2(case, threads):
+    threads = _threads.fork_safe(threads)
     n, c, h, w, ties, seed = case
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)

@@ -277,6 +277,7 @@ def test_blas_threads_for(monkeypatch):
 
 
 def test_omp_threads(monkeypatch):
+    monkeypatch.setattr(_threads, "_FORKED", False)   # the policy of an unforked process (also in mutmut's workers)
     monkeypatch.setattr(_threads, "PARALLEL_ELEMENTS", 100)
     monkeypatch.setattr(_threads, "available_cores", lambda: 8)
     for env, want in ((None, 8), ("3,2", 3), (" 2 ", 2), ("16", 8), ("0", 8), ("1", 1), ("abc", 8)):

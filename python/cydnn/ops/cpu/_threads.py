@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 __all__ = ["PARALLEL_FLOPS", "PARALLEL_ELEMENTS", "KERNEL_PARALLEL_ELEMENTS", "available_cores", "blas_threads_for",
-           "omp_threads", "kernel_threads", "LoadProbe", "matmul", "BlasThreads"]
+           "omp_threads", "kernel_threads", "fork_safe", "LoadProbe", "matmul", "BlasThreads"]
 
 
 def _env_int(name, default):
@@ -94,6 +94,12 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def fork_safe(threads):
+    """``threads``, or 1 in a forked child: for callers that pass a kernel its thread count
+    themselves (tests, benchmarks), as the policy's own counts are."""
+    return 1 if _FORKED else threads
 
 
 def _omp_cap():

@@ -289,3 +289,34 @@ def test_pool_ops_route_2x2_stride_2_float32_to_the_kernel(monkeypatch):
         dx0 = cpu.max_pool_backward(np.ones_like(y0), cache0)
     np.testing.assert_array_equal(y, y0)
     np.testing.assert_array_equal(dx, dx0)
+
+
+def test_the_environment_is_read_in_this_process_too(monkeypatch):
+    """kernels._from_env, which runs once at import, called again here: the subprocess tests above import
+    a fresh copy (under mutmut an unmutated one), this one exercises the code in place."""
+    from cydnn.ops.cpu import kernels as kmod
+    before_kernels, before_isa = cpu.get_kernels(), _kernels.isa()
+    try:
+        monkeypatch.delenv("CYDNN_CPU_ISA", raising=False)
+        for value, want in (("numpy", "numpy"), (" Cython ", "cython"), ("", "cython"), ("AUTO", "cython")):
+            monkeypatch.setenv("CYDNN_CPU_KERNELS", value)
+            _kernels.set_isa("baseline")
+            kmod._from_env()
+            assert (cpu.get_kernels(), _kernels.isa()) == (want, _kernels.isa_max()), value
+        monkeypatch.setenv("CYDNN_CPU_KERNELS", "numpy")
+        for value, want in (("baseline", "baseline"), (" Baseline ", "baseline"), ("", _kernels.isa_max()),
+                            ("auto", _kernels.isa_max())) + ((("AVX2", "avx2"),) if "avx2" in ISAS else ()):
+            monkeypatch.setenv("CYDNN_CPU_ISA", value)
+            _kernels.set_isa("baseline" if want != "baseline" else _kernels.isa_max())
+            kmod._from_env()
+            assert _kernels.isa() == want, value
+        monkeypatch.setenv("CYDNN_CPU_KERNELS", "fast")
+        with pytest.raises(ValueError, match=r"^\$CYDNN_CPU_KERNELS must be one of .*, got 'fast'$"):
+            kmod._from_env()
+        monkeypatch.setenv("CYDNN_CPU_KERNELS", "numpy")
+        monkeypatch.setenv("CYDNN_CPU_ISA", "avx512")
+        with pytest.raises(ValueError, match=r"^\$CYDNN_CPU_ISA must be one of auto, baseline, avx2, got 'avx512'$"):
+            kmod._from_env()
+    finally:
+        cpu.set_kernels(before_kernels)
+        _kernels.set_isa(before_isa)

@@ -87,8 +87,9 @@ class BuildExtWithCuda(build_ext):
         """The host compiler's ``compile``, taking each object from the object cache when there.
 
         The key: the generated C/C++ source (which holds everything Cython took from the .pyx,
-        .pxi and .pxd files), cpp/*.h, the compiler's command line and ``--version``, and the
-        Python and numpy whose headers it includes.  The temporary build folder is not part of it.
+        .pxi and .pxd files), cpp/*.h and the extension's ``depends`` (e.g. the C headers the CPU
+        kernels' .pyx includes), the compiler's command line and ``--version``, and the Python and
+        numpy whose headers it includes.  The temporary build folder is not part of it.
         """
         import sysconfig
 
@@ -102,8 +103,8 @@ class BuildExtWithCuda(build_ext):
             objects = self.compiler.object_filenames(sources, output_dir=output_dir)
             cmd = (list(self.compiler.compiler_so) + [repr(m) for m in (macros or [])] + list(include_dirs or [])
                    + list(extra_preargs or []) + list(extra_postargs or []) + [f"debug={debug}"])
-            keys = [object_cache.object_key(src, [os.path.abspath(h) for h in CU_HEADERS], cmd + [src], toolchain)
-                    for src in sources]
+            headers = [os.path.abspath(h) for h in list(CU_HEADERS) + list(depends or [])]
+            keys = [object_cache.object_key(src, headers, cmd + [src], toolchain) for src in sources]
             missed = [(src, obj, key) for src, obj, key in zip(sources, objects, keys)
                       if self.force or not object_cache.fetch(cache, key, obj)]
             if missed:
@@ -162,19 +163,15 @@ def extensions():
     # The CPU kernels: plain C, OpenMP, no CUDA.  -ffp-contract=off keeps a*b + c two roundings,
     # as in numpy (the tests compare the kernels with the numpy twin bit for bit where they can).
     # The C headers _kernels_*.h (hot loops with AVX2 versions chosen at run time) are included from
-    # the .pyx: their folder is on the include path, and a change to one rebuilds the extension --
-    # also through the object cache, whose key has the command line: the macro
-    # CYDNN_KERNELS_HEADERS is a digest of the headers' text.
-    import hashlib
+    # the .pyx: their folder is on the include path, and as `depends` a change to one rebuilds the
+    # extension -- also through the object cache, whose key has every file of `depends`.
     kernels_dir = os.path.join("python", "cydnn", "ops", "cpu")
     kernels_headers = sorted(glob.glob(os.path.join(kernels_dir, "_kernels_*.h")))
-    digest = hashlib.sha256(b"".join(open(h, "rb").read() for h in kernels_headers)).hexdigest()[:16]
     kernels = Extension(
         "cydnn.ops.cpu._kernels",
         sources=[os.path.join(kernels_dir, "_kernels.pyx")],
         depends=kernels_headers + sorted(glob.glob(os.path.join(kernels_dir, "_kernels_*.pxi"))),
         include_dirs=[kernels_dir],
-        define_macros=[("CYDNN_KERNELS_HEADERS", digest)],
         language="c",
         extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
         extra_link_args=["-fopenmp"],

@@ -574,6 +574,20 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes);
 cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
                                       int cluster);
 
+/* The resident fused network (fused_net_resident.cu): one-image calls from host memory served by a
+ * kernel that stays on the GPU between calls (no launch, no stream synchronisation), returning
+ * after idle_us microseconds without a request.  One runs at a time per process.
+ * cydnn_resident_run: y (out_size floats, host) = the network on x (in_size floats, host); *served
+ * is 1 when the resident kernel answered, 0 when the call was one ordinary launch on the library's
+ * stream (work was queued there: its order is kept).  The table's arrays must outlive the object. */
+typedef struct cydnnResident cydnnResident;
+cydnnStatus_t cydnn_resident_create(cydnnContext *ctx, const cydnnNet *net, int cluster, long idle_us,
+                                    cydnnResident **out);
+cydnnStatus_t cydnn_resident_run(cydnnResident *r, const float *x, float *y, int *served);
+cydnnStatus_t cydnn_resident_stop(cydnnResident *r);     /* the kernel returns now; waits for it */
+int cydnn_resident_running(cydnnResident *r);            /* 1 while a kernel is launched and has not returned */
+void cydnn_resident_destroy(cydnnResident *r);           /* stops it first */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,7 @@
 // fused_net_conv.cuh -- the fused network's per-value helpers (epilogue, distributed stores,
 // work shares) and its convolutions, as block-cooperative __device__ functions of one cluster
-// (cpp/fused_net.cu's kernel calls conv_dispatch for a CYDNN_NET_CONV layer).  Included by
-// fused_net.cu only, inside its sm_90 guard: clusters and distributed shared memory are sm_90's.
+// (fused_net_layers.cuh's forward_image calls conv_dispatch for a CYDNN_NET_CONV layer).  Included
+// through fused_net_layers.cuh, inside its sm_90 guard: clusters and distributed shared memory are sm_90's.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -9,6 +9,20 @@
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
+
+// How the kernels read what does not change within a call: weights, biases, batch norm's statistics
+// (CYDNN_NET_LDW), and the input image (CYDNN_NET_LDX).  A kernel launched per call reads the former
+// through the read-only cache and the latter plainly (fused_net.cu).  The resident kernel
+// (fused_net_resident.cu) lives across calls, between which a training step may change the weights
+// and the host writes a new image: it defines both before including this header, to loads that
+// cannot return a line cached by an earlier call (__ldcg: L2, coherent on the device; __ldcv: fetched
+// again from host memory).
+#ifndef CYDNN_NET_LDW
+#define CYDNN_NET_LDW(p) __ldg(p)
+#endif
+#ifndef CYDNN_NET_LDX
+#define CYDNN_NET_LDX(p) (*(p))
+#endif
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 namespace {
@@ -26,11 +40,11 @@ __device__ __forceinline__ float activate(float v, int act, float slope) {
 // The layer's epilogue on output value v of channel c: bias, then the listed
 // steps in order (batch norm with the running statistics, or the activation).
 __device__ __forceinline__ float epilogue(const cydnnNetLayer &L, float v, int c) {
-    if (L.bias != nullptr) v += __ldg(L.bias + c);
+    if (L.bias != nullptr) v += CYDNN_NET_LDW(L.bias + c);
     for (int s = 0; s < L.num_epi; ++s) {
         if (L.epi[s] == CYDNN_NET_EPI_BN) {
-            const float inv = rsqrtf(__ldg(L.bn_var + c) + L.bn_eps);
-            v = (v - __ldg(L.bn_mean + c)) * inv * __ldg(L.bn_weight + c) + __ldg(L.bn_bias + c);
+            const float inv = rsqrtf(CYDNN_NET_LDW(L.bn_var + c) + L.bn_eps);
+            v = (v - CYDNN_NET_LDW(L.bn_mean + c)) * inv * CYDNN_NET_LDW(L.bn_weight + c) + CYDNN_NET_LDW(L.bn_bias + c);
         } else {
             v = activate(v, L.act, L.slope);
         }
@@ -64,7 +78,7 @@ __device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row
     const float *g = L.weight + (long)c_lo * ksize;
     for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
         const int co = i / ksize;
-        wbuf[(i - co * ksize) * cs + co] = __ldg(g + i);
+        wbuf[(i - co * ksize) * cs + co] = CYDNN_NET_LDW(g + i);
     }
     __syncthreads();
     return true;
@@ -128,7 +142,7 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
 #pragma unroll
                         for (int a = 0; a < TCO; ++a)
                             wv[a] = staged ? wt[(tap0 + kx) * cs + a]
-                                           : (co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx)
+                                           : (co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + tap0 + kx)
                                                           : 0.0f);
                     }
 #pragma unroll
@@ -208,7 +222,7 @@ __device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next,
                     } else {
 #pragma unroll
                         for (int a = 0; a < 4; ++a)
-                            wv[a] = co0 + a < K ? __ldg(L.weight + (long)(co0 + a) * ksize + tap0 + kx) : 0.0f;
+                            wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + tap0 + kx) : 0.0f;
                     }
 #pragma unroll
                     for (int a = 0; a < 4; ++a) acc[a] = fmaf(wv[a], x, acc[a]);

@@ -326,6 +326,14 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes)
     cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n,
                                           float *y, int cluster)
+    ctypedef struct cydnnResident:
+        pass
+    cydnnStatus_t cydnn_resident_create(cydnnContext *ctx, const cydnnNet *net, int cluster, long idle_us,
+                                        cydnnResident **out)
+    cydnnStatus_t cydnn_resident_run(cydnnResident *r, const float *x, float *y, int *served)
+    cydnnStatus_t cydnn_resident_stop(cydnnResident *r)
+    int cydnn_resident_running(cydnnResident *r)
+    void cydnn_resident_destroy(cydnnResident *r)
 
 
 # ------------------------------------------------ the copy pipe (pipe.cu)

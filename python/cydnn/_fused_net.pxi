@@ -126,3 +126,47 @@ cdef class FusedNet:
         check(cydnn_fused_net_forward(c, &self.net, px, n, py, cluster), "fused_net_forward")
         check(cydnn_memcpy_d2h(c, cnp.PyArray_DATA(out), py, <size_t>n * self.net.out_size * 4),
               "fused_net_forward")
+
+
+cdef class ResidentNet:
+    """One-image calls of a FusedNet served by a kernel that stays on the GPU between calls
+    (cpp/fused_net_resident.cu): no launch and no stream synchronisation per call.  The kernel
+    returns after ``idle_us`` microseconds without a call and is launched again by the next one; a
+    call made while the library's stream has work queued is one ordinary launch after that work.
+
+    ``run(x, out)``: x float32 C-contiguous of in_size values, out of out_size; returns True when the
+    resident kernel answered, False for an ordinary launch.  ``stop()`` makes the kernel return now.
+    """
+    cdef cydnnResident *r
+    cdef readonly FusedNet table       # keeps the table's arrays alive as long as the kernel may read them
+    cdef readonly int cluster
+    cdef readonly long idle_us
+
+    def __cinit__(self, FusedNet table not None, int cluster, long idle_us):
+        self.r = NULL
+        self.table, self.cluster, self.idle_us = table, cluster, idle_us
+        check(cydnn_resident_create(ctx(), &table.net, cluster, idle_us, &self.r), "fused_net_resident")
+
+    def run(self, cnp.ndarray x not None, cnp.ndarray out not None):
+        if (x.dtype != np.float32 or out.dtype != np.float32 or not x.flags.c_contiguous
+                or not out.flags.c_contiguous or x.size != self.table.net.in_size
+                or out.size != self.table.net.out_size):
+            raise ValueError(f"fused_net_resident: x and out must be C-contiguous float32 of one image "
+                             f"({self.table.net.in_size} and {self.table.net.out_size} values), got "
+                             f"{x.dtype} {x.size} and {out.dtype} {out.size}")
+        cdef int served = 0
+        check(cydnn_resident_run(self.r, <const float *>cnp.PyArray_DATA(x), <float *>cnp.PyArray_DATA(out),
+                                 &served), "fused_net_resident")
+        return served == 1
+
+    def stop(self):
+        check(cydnn_resident_stop(self.r), "fused_net_resident")
+
+    @property
+    def running(self):
+        return cydnn_resident_running(self.r) == 1
+
+    def __dealloc__(self):
+        if self.r != NULL:
+            cydnn_resident_destroy(self.r)
+            self.r = NULL

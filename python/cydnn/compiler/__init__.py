@@ -33,7 +33,7 @@ __all__ = ["compile", "CompiledStep", "CompiledInference", "Plan", "Unsupported"
 
 def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn=None, softmax=False,
             preprocess=None, cuda_graph=True, fused=True, fuse=True, memory=True, weak_model=False,
-            fused_net=None):
+            fused_net=None, resident_us=None):
     """A compiled training step (with ``optimizer``) or a compiled inference (with ``input_shape``).
 
     Training: ``compile(model, optimizer, batch_size=64)`` -> :class:`CompiledStep`
@@ -47,14 +47,19 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     refers to the model weakly (for a model that caches it, as ``predict`` does).  ``fused_net``
     (inference): ``"auto"`` (default, or ``$CYDNN_FUSED_NET``) runs a batch on the whole-network kernel
     (compiler/fused_net.py) where it measures faster than the plan, ``"force"`` wherever it takes the
-    network, ``"off"`` never.
+    network, ``"off"`` never.  ``resident_us`` (inference, default 0 or ``$CYDNN_RESIDENT_IDLE_US``): a
+    one-image numpy call on the fused network is served by a kernel that stays on the GPU for that many
+    microseconds after each call (no launch: ~2-3 us less a call), holding its SMs meanwhile; whatever
+    waits for the whole device meanwhile (a cudaMalloc, cuDNN's first search for a shape) waits up to
+    that long (docs/performance.md, "Session 18").
     """
     options = {"fuse": bool(fuse), "memory": bool(memory)}
     if optimizer is not None:
         if batch_size is None:
             raise ValueError("compile: a training step needs batch_size")
-        if fused_net is not None:
-            raise ValueError("compile: fused_net is for inference (the fused network has no backward)")
+        if fused_net is not None or resident_us is not None:
+            raise ValueError("compile: fused_net and resident_us are for inference (the fused network has no "
+                             "backward)")
         return CompiledStep(model, optimizer, batch_size, loss_fn=loss_fn, input_shape=input_shape,
                             cuda_graph=cuda_graph, fused=fused, **options)
     if input_shape is None:
@@ -62,4 +67,5 @@ def compile(model, optimizer=None, batch_size=None, *, input_shape=None, loss_fn
     if batch_size is not None or loss_fn is not None:
         raise ValueError("compile: batch_size and loss_fn are for training steps (pass an optimizer)")
     return CompiledInference(model, input_shape, softmax=softmax, cuda_graph=cuda_graph, fused=fused,
-                             preprocess=preprocess, weak_model=weak_model, fused_net=fused_net, **options)
+                             preprocess=preprocess, weak_model=weak_model, fused_net=fused_net,
+                             resident_us=resident_us, **options)

@@ -23,13 +23,15 @@ structure version, on which :class:`~cydnn.compiler.inference.CompiledInference`
 ``CompiledInference`` times this kernel (at each cluster size) against the generic plan's graph
 for each batch bucket and keeps the faster one (``info()["buckets"]`` shows the choice).
 """
+import os
+
 import numpy as np
 
 from .. import _C
 from .executor import time_calls
 from .trace import slope
 
-__all__ = ["describe", "FusedNetwork", "CLUSTERS", "SMEM_LIMIT"]
+__all__ = ["describe", "FusedNetwork", "CLUSTERS", "SMEM_LIMIT", "resident_idle_us"]
 
 #: cluster sizes tried (blocks per image; 16 is sm_90's non-portable size)
 CLUSTERS = (1, 2, 4, 8, 16)
@@ -39,6 +41,40 @@ SMEM_LIMIT = 227 * 1024 - 256
 THREADS = 512
 #: numpy calls of up to this many images go through mapped pinned memory (FusedNetwork.run_host)
 MAPPED_ROWS = 64
+#: microseconds the resident kernel waits for the next one-image call before it gives its SMs back
+#: (cpp/fused_net_resident.cu): 0, off, unless ``compile(..., resident_us=N)`` or
+#: ``$CYDNN_RESIDENT_IDLE_US`` asks for it (docs/performance.md, "Session 18", says what it costs)
+RESIDENT_IDLE_US = 0
+_RESIDENT_MAX_US = 10_000_000
+
+
+def resident_idle_us(value=None, environ=None):
+    """The resident kernel's idle time in microseconds: ``value`` (compile's ``resident_us``) where
+    given, else ``$CYDNN_RESIDENT_IDLE_US``, else RESIDENT_IDLE_US; 0 is off.  Anything but an
+    integer in [0, 10_000_000] is refused with ValueError naming where it came from."""
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= _RESIDENT_MAX_US:
+            raise ValueError(f"compile: resident_us must be an integer number of microseconds in [0, "
+                             f"{_RESIDENT_MAX_US}] (0: no resident kernel), got {value!r}")
+        return int(value)
+    text = (os.environ if environ is None else environ).get("CYDNN_RESIDENT_IDLE_US")
+    if text is None or not text.strip():
+        return RESIDENT_IDLE_US
+    try:
+        number = int(text.strip())
+    except ValueError:
+        number = -1
+    if not 0 <= number <= _RESIDENT_MAX_US:
+        raise ValueError(f"CYDNN_RESIDENT_IDLE_US must be an integer number of microseconds in [0, "
+                         f"{_RESIDENT_MAX_US}] (0: no resident kernel), got {text!r}")
+    return number
+
+
+#: the smallest cluster the resident kernel serves: it reads weights through L2 only (never a line
+#: cached by an earlier call), which costs nothing where each block stages its share of a layer's
+#: weights once (8-16 blocks an image) and 30 % where one block re-reads them (cnn32 at cluster 1:
+#: 386 vs 297 us on the H100; docs/performance.md, "Session 18")
+RESIDENT_MIN_CLUSTER = 8
 
 _ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
 # tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first
@@ -164,7 +200,7 @@ class FusedNetwork:
     through staging buffers for up to ``capacity`` images.
     """
 
-    def __init__(self, layers, in_shape, out_shape, softmax, capacity):
+    def __init__(self, layers, in_shape, out_shape, softmax, capacity, resident_us=None):
         self.in_size = int(np.prod(in_shape))
         self.out_shape = tuple(out_shape)
         self.out_size = int(np.prod(out_shape))
@@ -180,6 +216,11 @@ class FusedNetwork:
         self._dx = _C.empty((capacity * self.in_size,))
         self._dy = _C.empty((capacity * self.out_size,))
         self._mapped, self.mapped_reason = None, None    # mapped pinned in/out buffers, made on first use
+        # one-image numpy calls: the resident kernel (one per cluster size, made on first use)
+        self.resident_idle_us = resident_idle_us(resident_us)
+        self.resident_reason = None if self.resident_idle_us else "off (resident_us=0)"
+        self._residents = {}
+        self.served = {"resident": 0, "launched": 0}
 
     @staticmethod
     def _bind(layer, ranks):
@@ -201,12 +242,20 @@ class FusedNetwork:
         self.tables[cluster].forward(x, y, n, cluster)
 
     def run_host(self, x, cluster):
-        """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape).  Up to MAPPED_ROWS images
-        go through mapped pinned memory (one launch and one wait: ~6 us less than two copies on the
-        stream); more, or where mapped memory cannot be had, through the staging buffers."""
+        """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape).  One image on a cluster of
+        RESIDENT_MIN_CLUSTER blocks or more goes to the resident kernel (no launch:
+        cpp/fused_net_resident.cu), unless it is switched off; up to
+        MAPPED_ROWS images through mapped pinned memory (one launch and one wait: ~6 us less than two
+        copies on the stream); more, or where mapped memory cannot be had, through the staging
+        buffers."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
         out = np.empty((n,) + self.out_shape, np.float32)
+        if n == 1 and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
+            resident = self._residents.get(cluster) or self._resident(cluster)
+            if resident is not None:
+                self.served["resident" if resident.run(x, out) else "launched"] += 1
+                return out
         if n <= MAPPED_ROWS and self._mapped is None:
             try:
                 self._mapped = (_C.MappedBuffer(4 * MAPPED_ROWS * self.in_size),
@@ -219,6 +268,20 @@ class FusedNetwork:
         else:
             self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster)
         return out
+
+    def _resident(self, cluster):
+        """The resident kernel for ``cluster`` (made now), or None with the reason kept."""
+        try:
+            self._residents[cluster] = _C.ResidentNet(self.tables[cluster], cluster, self.resident_idle_us)
+        except _C.CydnnError as e:
+            self.resident_reason = f"no resident kernel: {e}"
+            return None
+        return self._residents[cluster]
+
+    def stop_resident(self):
+        """Make every resident kernel of this network return now (they start again on the next call)."""
+        for resident in self._residents.values():
+            resident.stop()
 
     def explain(self):
         acts = {v: k for k, v in _ACTS.items()}
@@ -245,7 +308,7 @@ class FusedChoice:
     reason in ``reason`` and a warning in the log.
     """
 
-    def __init__(self, nodes, softmax, mode, capacity):
+    def __init__(self, nodes, softmax, mode, capacity, resident_us=None):
         self.mode, self.reason, self.net = mode, None, None
         self.clusters, self.timed_us, self.skipped = {}, {}, {}
         if mode == "off":
@@ -256,7 +319,8 @@ class FusedChoice:
             self.reason = layers
             return
         try:
-            self.net = FusedNetwork(layers, nodes[0].in_shape[1:], nodes[-1].out_shape[1:], softmax, capacity)
+            self.net = FusedNetwork(layers, nodes[0].in_shape[1:], nodes[-1].out_shape[1:], softmax, capacity,
+                                    resident_us)
         except (_C.CydnnError, ValueError) as e:
             self.reason = f"the fused kernel refused the network: {e}"
 

@@ -52,6 +52,7 @@ class CompiledInference:
         if mode not in ("auto", "force", "off"):
             raise ValueError(f"compile: fused_net must be 'auto', 'force' or 'off', got {mode!r}")
         self.fused_net_mode = mode if fused else "off"
+        self.resident_us = fused_net.resident_idle_us(options.pop("resident_us", None))   # refused now if bad
         self._lock = threading.Lock()
 
     @property
@@ -78,7 +79,8 @@ class CompiledInference:
             self._sig = signature(self.model)
             self._plan_lenet()
             if not self.reason:                               # the model is on the GPU
-                self._fused = fused_net.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1])
+                self._fused = fused_net.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1],
+                                                   self.resident_us)
 
     def unsupported_reason(self):
         """None while the compiler can run the model as it is now, else why not (it re-plans on a change)."""
@@ -274,6 +276,10 @@ class CompiledInference:
         fused = self._fused
         return {"mode": self.mode, "reason": self.reason, "lenet": self.lenet_reason or "fused kernel",
                 "fused_net": (None if fused is None else
-                              {"reason": fused.reason, "clusters": dict(fused.clusters), "timed_us": fused.timed_us}),
+                              {"reason": fused.reason, "clusters": dict(fused.clusters), "timed_us": fused.timed_us,
+                               "resident": (None if fused.net is None else
+                                            {"reason": fused.net.resident_reason,
+                                             "idle_us": fused.net.resident_idle_us,
+                                             "served": dict(fused.net.served)})}),
                 "buckets": {b: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
                             for b, r in self._runners.items()}}

@@ -222,8 +222,8 @@ def test_the_twins_gradients_keep_float32(op, kernel, stride, padding):
 
 @pytest.mark.parametrize("kernel", [(17, 17), (1, 257), (16, 16)])
 def test_max_pooling_windows_of_more_than_256_offsets(kernel):
-    """The twin keeps the offsets as uint8 up to 256 of them, else int32: the last one of a 17 x 17
-    (288) or 1 x 257 (256) window must come back."""
+    """The twin keeps the offsets as uint8 up to 256 of them (16 x 16 included), else int32: the last
+    one of a 17 x 17 (288) or 1 x 257 (256) window must come back."""
     kh, kw = kernel
     x = np.zeros((1, 2, kh, kw), np.float32)
     x[0, 0, -1, -1] = 5.0   # the last offset
@@ -233,6 +233,7 @@ def test_max_pooling_windows_of_more_than_256_offsets(kernel):
         dx = cpu.max_pool_backward(np.array([[[[2.0]], [[4.0]]]], np.float32), cache)
     assert y.ravel().tolist() == [5.0, 3.0]
     assert cache[2].ravel().tolist() == [kh * kw - 1, (kh // 2) * kw]
+    assert cache[2].dtype == (np.uint8 if kh * kw <= 256 else np.int32)
     want = np.zeros_like(x)
     want[0, 0, -1, -1], want[0, 1, kh // 2, 0] = 2.0, 4.0
     np.testing.assert_array_equal(dx, want)

@@ -133,7 +133,7 @@ class LoadProbe:
     A reading is taken when the probe is made and again whenever ``PROBE_SECONDS``
     have passed (a call in between costs a clock read).  None until an interval of
     ``FIRST_SECONDS`` has passed (too few clock ticks to tell before); 0.0 where
-    /proc/stat cannot be read.
+    /proc/stat cannot be read or parsed (never an exception: the probe is made at import).
     """
 
     FIRST_SECONDS = 0.05
@@ -157,7 +157,8 @@ class LoadProbe:
             return None
 
     def _busy_seconds(self):
-        """Busy seconds since boot of the CPUs counted (None if /proc/stat cannot be read)."""
+        """Busy seconds since boot of the CPUs counted (None if /proc/stat cannot be read, has no
+        line of those CPUs, or one of their first eight fields is not an integer)."""
         try:
             with open(self.stat_path, "rb") as f:
                 text = f.read().decode("ascii", "replace")
@@ -170,7 +171,10 @@ class LoadProbe:
                 continue
             if names is not None and fields[0] not in names:
                 continue
-            v = [int(f) for f in fields[1:9]]
+            try:
+                v = [int(f) for f in fields[1:9]]
+            except ValueError:  # not the format of proc(5): unknown, as an unreadable file
+                return None
             v += [0] * (8 - len(v))
             total += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]  # user nice system irq softirq steal
             seen = True

@@ -162,11 +162,8 @@ def test_mapped_and_staged_numpy_calls_give_the_same_bits(name):
     want = _reference(model, x)
     for cluster in (1, 16):
         for n in (1, 7, fused_net.MAPPED_ROWS):
-            mapped = net.run_host(x[:n], cluster)       # one image: the resident kernel (test_fused_net_resident.py)
-            if n == 1 and cluster >= fused_net.RESIDENT_MIN_CLUSTER:
-                assert net.served["resident"] > 0
-            else:
-                assert net._mapped and net.mapped_reason is None
+            mapped = net.run_host(x[:n], cluster)       # the resident kernel is off by default
+            assert net._mapped and net.mapped_reason is None and net.served["resident"] == 0
             staged = np.empty_like(mapped)
             net.tables[cluster].run_host(x[:n], staged, net._dx, net._dy, cluster)
             np.testing.assert_array_equal(mapped, staged)

@@ -9,25 +9,10 @@ import pytest
 from cydnn.ops import cpu
 from cydnn.ops.cpu import kernels
 
+from test_ops_cpu_mut2 import Recording     # the compiled module, the kernels called recorded
+
 BUILT = kernels.kernels_available()[0]
 needs_kernels = pytest.mark.skipif(not BUILT, reason="the compiled kernels are not built here")
-
-
-class Recording:
-    """The compiled module with the names of the kernels called recorded."""
-
-    def __init__(self, module):
-        self._module, self.calls = module, []
-
-    def __getattr__(self, name):
-        attr = getattr(self._module, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            self.calls.append(name)
-            return attr(*args, **kwargs)
-        return call
 
 
 @pytest.fixture

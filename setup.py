@@ -23,6 +23,7 @@ import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "build_tools"))
@@ -182,4 +183,17 @@ def extensions():
             + cythonize([kernels], compiler_directives=directives, build_dir=os.path.join("build", "cython")))
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithCuda})
+class BuildPyWithKernelSources(build_py):
+    """build_py that also installs the headers a kernel generated at run time includes
+    (python/cydnn/compiler/fused_net_gen.py reads them from cydnn/_cuda_src; an editable install reads
+    cpp/ itself)."""
+
+    def run(self):
+        super().run()
+        dest = os.path.join(self.build_lib, "cydnn", "_cuda_src")
+        os.makedirs(dest, exist_ok=True)
+        for name in ("cydnn.h", "fused_net_rtc.cuh", "fused_net_conv.cuh", "fused_net_layers.cuh"):
+            shutil.copy2(os.path.join(CPP_DIR, name), os.path.join(dest, name))
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithCuda, "build_py": BuildPyWithKernelSources})

@@ -574,6 +574,16 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes);
 cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
                                       int cluster);
 
+/* A fused-network kernel generated for one network and one cluster size (compiler/fused_net_gen.py:
+ * NVRTC's cubin, `name` its kernel, with cydnn_fused_net_forward's kernel's parameters), loaded as a
+ * library; cydnn_fused_net_launch runs it on the same table (its arrays, sizes and shared memory). */
+typedef struct cydnnNetKernel cydnnNetKernel;
+cydnnStatus_t cydnn_net_kernel_load(cydnnContext *ctx, const void *image, const char *name, int cluster,
+                                    cydnnNetKernel **out);
+void cydnn_net_kernel_destroy(cydnnNetKernel *k);
+cydnnStatus_t cydnn_fused_net_launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                     int cluster, const cydnnNetKernel *kernel);
+
 /* The resident fused network (fused_net_resident.cu): one-image calls from host memory served by a
  * kernel that stays on the GPU between calls (no launch, no stream synchronisation), returning
  * after idle_us microseconds without a request.  One runs at a time per process.

@@ -100,19 +100,32 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
     return CYDNN_STATUS_SUCCESS;
 }
 
-cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
-                                      int cluster) {
+// A kernel generated for one network (python/cydnn/compiler/fused_net_gen.py): NVRTC's cubin,
+// loaded as a library; its one kernel has fused_net_kernel's parameters and serves one cluster size.
+struct cydnnNetKernel {
+    cudaLibrary_t library = nullptr;
+    cudaKernel_t kernel = nullptr;
+    int cluster = 0;
+};
+
+namespace {
+
+cydnnStatus_t launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y, int cluster,
+                     const cydnnNetKernel *k) {
     const char *op = kOp;
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, n >= 1, "n must be >= 1, got %d", n);
     CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
                   "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
+    CYDNN_REQUIRE(op, k == nullptr || k->cluster == cluster,
+                  "the generated kernel serves clusters of %d blocks, asked for %d", k ? k->cluster : 0, cluster);
     size_t smem = 0;
     CYDNN_TRY(cydnn_fused_net_check(net, &smem));
     // The device's limit and the kernel's attributes, set once to the most the device allows (a
     // one-image call is ~10 us: attribute calls on every launch cost a measurable part of it).
-    // Both calls are idempotent, so two threads racing here do no harm.
+    // Both calls are idempotent, so two threads racing here do no harm.  (A generated kernel gets
+    // its attributes when it is loaded.)
     static std::atomic<int> limit{0};
     if (limit.load() == 0) {
         int l = 0, major = 0;
@@ -142,8 +155,72 @@ cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, co
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    const int buf_floats = (int)((smem / sizeof(float) - net->wcap) / 2);
-    CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, fused_net_kernel, *net, x, n, y, buf_floats));
-    CYDNN_LAUNCH_CHECK(op, "fused_net_kernel");
+    int buf_floats = (int)((smem / sizeof(float) - net->wcap) / 2);
+    if (k == nullptr) {
+        CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, fused_net_kernel, *net, x, n, y, buf_floats));
+        CYDNN_LAUNCH_CHECK(op, "fused_net_kernel");
+    } else {
+        void *args[] = {(void *)net, (void *)&x, (void *)&n, (void *)&y, (void *)&buf_floats};
+        CYDNN_CUDA(op, cudaLaunchKernelExC(&cfg, (const void *)k->kernel, args));
+        CYDNN_LAUNCH_CHECK(op, "the generated fused-network kernel");
+    }
     return CYDNN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                      int cluster) {
+    return launch(ctx, net, x, n, y, cluster, nullptr);
+}
+
+cydnnStatus_t cydnn_fused_net_launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                     int cluster, const cydnnNetKernel *kernel) {
+    CYDNN_REQUIRE(kOp, kernel != nullptr, "the generated kernel is NULL");
+    return launch(ctx, net, x, n, y, cluster, kernel);
+}
+
+cydnnStatus_t cydnn_net_kernel_load(cydnnContext *ctx, const void *image, const char *name, int cluster,
+                                    cydnnNetKernel **out) {
+    const char *op = "fused_net_kernel_load";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, image != nullptr && name != nullptr && out != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
+                  "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
+    *out = nullptr;
+    auto *k = new (std::nothrow) cydnnNetKernel();
+    if (k == nullptr) return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: no host memory", op);
+    k->cluster = cluster;
+    cudaError_t e = cudaLibraryLoadData(&k->library, image, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    const char *call = "cudaLibraryLoadData";
+    if (e == cudaSuccess) {
+        e = cudaLibraryGetKernel(&k->kernel, k->library, name);
+        call = "cudaLibraryGetKernel";
+    }
+    int l = 0;
+    if (e == cudaSuccess) {
+        e = cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
+        call = "cudaDeviceGetAttribute";
+    }
+    if (e == cudaSuccess) {
+        e = cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 l - (int)(32 * sizeof(float)));
+        call = "cudaFuncSetAttribute (shared memory)";
+    }
+    if (e == cudaSuccess) {
+        e = cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        call = "cudaFuncSetAttribute (cluster size)";
+    }
+    if (e != cudaSuccess) {
+        cydnn_net_kernel_destroy(k);
+        return cydnn::cuda_failure(e, op, call);
+    }
+    *out = k;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+void cydnn_net_kernel_destroy(cydnnNetKernel *k) {
+    if (k == nullptr) return;
+    if (k->library != nullptr) cudaLibraryUnload(k->library);   // at exit the driver may be gone: nothing to do
+    delete k;
 }

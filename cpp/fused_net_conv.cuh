@@ -4,11 +4,16 @@
 // through fused_net_layers.cuh, inside its sm_90 guard: clusters and distributed shared memory are sm_90's.
 #pragma once
 
+#ifdef __CUDACC_RTC__             // NVRTC, a kernel generated for one network (fused_net_gen.py)
+#include "cydnn.h"
+#include "fused_net_rtc.cuh"
+#else
 #include <cooperative_groups.h>
 
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
+#endif
 
 // How the kernels read what does not change within a call: weights, biases, batch norm's statistics
 // (CYDNN_NET_LDW), and the input image (CYDNN_NET_LDX).  A kernel launched per call reads the former
@@ -22,6 +27,11 @@ namespace cg = cooperative_groups;
 #endif
 #ifndef CYDNN_NET_LDX
 #define CYDNN_NET_LDX(p) (*(p))
+#endif
+// The layer functions' qualifiers: a kernel specialised for one network defines it as
+// __device__ __forceinline__, so that the shapes it passes as constants reach every loop.
+#ifndef CYDNN_NET_FN
+#define CYDNN_NET_FN __device__
 #endif
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
@@ -68,7 +78,7 @@ __device__ __forceinline__ void share(long items, int rank, int ranks, long &lo,
 // channel group of tco channels) into wbuf, transposed to [c * kh * kw][channel] with rows of cs
 // channels (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats.
 // Returns whether they were staged; c_lo is the first staged channel.  Block-uniform (it syncs).
-__device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco, int ksize,
+CYDNN_NET_FN bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco, int ksize,
                               float *wbuf, long wcap, int &c_lo, int &cs) {
     c_lo = (int)(lo / row_items) * tco;
     const int c_hi_raw = (int)((hi - 1) / row_items + 1) * tco;
@@ -92,7 +102,7 @@ __device__ bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long row
 // read-only cache in their (k, c, kh, kw) layout.
 // KS > 0: a KS x KS kernel known at compile time (the tap loops unroll); 0: any, read from the table.
 template <int TCO, int TP, int KS>
-__device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
     const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
@@ -166,7 +176,7 @@ __device__ void conv_layer(const cydnnNetLayer &L, const float *in, float *next,
 }
 
 template <int TCO, int TP>
-__device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void conv_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int ks = L.kh == L.kw ? L.kh : 0;
     if (ks == 3) conv_layer<TCO, TP, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
@@ -180,7 +190,7 @@ __device__ void conv_sized(const cydnnNetLayer &L, const float *in, float *next,
 // ...; a butterfly of shuffles inside the group adds their sums (a fixed order: deterministic).
 // The weights are staged as in conv_layer (4-channel rows) or read through the read-only cache.
 template <int G, int KS>
-__device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
     const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
@@ -244,7 +254,7 @@ __device__ void conv_split(const cydnnNetLayer &L, const float *in, float *next,
 }
 
 template <int G>
-__device__ void split_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void split_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                             int rank, int ranks, float *wbuf, long wcap) {
     const int ks = L.kh == L.kw ? L.kh : 0;
     if (ks == 3) conv_split<G, 3>(L, in, next, cluster, rank, ranks, wbuf, wcap);
@@ -253,7 +263,7 @@ __device__ void split_sized(const cydnnNetLayer &L, const float *in, float *next
     else conv_split<G, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
 }
 
-__device__ void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void conv_dispatch(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                               int rank, int ranks, float *wbuf, long wcap) {
     if (L.tile == 6) split_sized<16>(L, in, next, cluster, rank, ranks, wbuf, wcap);
     else if (L.tile == 5) split_sized<8>(L, in, next, cluster, rank, ranks, wbuf, wcap);

@@ -15,7 +15,7 @@ namespace {
 // loads in flight, which a one-image forward needs (it reads each weight once: latency-bound).
 constexpr int ROWS = 4;
 
-__device__ void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                              int rank, int ranks) {
     const int IN = L.c, OUT = L.k;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -62,7 +62,7 @@ __device__ void linear_layer(const cydnnNetLayer &L, const float *in, float *nex
 // (strictly greater wins, from -inf); average divides by kh*kw, padding
 // counted as zeros (count_include_pad).  Global average pooling is the
 // average over the whole plane.
-__device__ void pool_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void pool_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, bool is_max) {
     const int H = L.h, W = L.w, OH = L.oh, OW = L.ow;
     long lo, hi;
@@ -93,7 +93,7 @@ __device__ void pool_layer(const cydnnNetLayer &L, const float *in, float *next,
 }
 
 // Global average pooling: a warp per channel.
-__device__ void gap_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void gap_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                           int rank, int ranks) {
     const int HW = L.h * L.w;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
@@ -108,7 +108,7 @@ __device__ void gap_layer(const cydnnNetLayer &L, const float *in, float *next, 
 }
 
 // Epilogue only (an activation or batch norm with nothing before it to ride on).
-__device__ void epilogue_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+CYDNN_NET_FN void epilogue_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                                int rank, int ranks) {
     const long inner = (long)L.h * L.w, total = (long)L.c * inner;
     long lo, hi;
@@ -126,7 +126,7 @@ __device__ void epilogue_layer(const cydnnNetLayer &L, const float *in, float *n
 // read-only path is not for mapped memory.
 constexpr int kInRegs = 8;
 
-__device__ void load_input(const float *src, long in_size, float *cur, cg::cluster_group &cluster, int rank,
+CYDNN_NET_FN void load_input(const float *src, long in_size, float *cur, cg::cluster_group &cluster, int rank,
                            int ranks) {
     long lo, hi;
     share(in_size, rank, ranks, lo, hi);
@@ -151,33 +151,10 @@ __device__ void load_input(const float *src, long in_size, float *cur, cg::clust
 }
 
 
-// One image through the whole table: x (in_size values) into the two ping-pong buffers of every
-// block of the cluster, the layers, and rank 0 writes y (out_size values; softmax'd where the table
-// says).  Every block of the cluster calls it; red: 32 floats of the block's shared memory.
-__device__ void forward_image(const cydnnNet &net, const float *x, float *y, float *smem, float *red,
-                              int buf_floats, cg::cluster_group &cluster, int rank, int ranks) {
-    float *cur = smem, *next = smem + buf_floats, *wbuf = smem + 2L * buf_floats;
-    load_input(x, net.in_size, cur, cluster, rank, ranks);
-    for (int l = 0; l < net.num_layers; ++l) {
-        const cydnnNetLayer &L = net.layers[l];
-        switch (L.op) {
-            case CYDNN_NET_CONV:
-                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
-                break;
-            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
-            case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;
-            case CYDNN_NET_AVG_POOL: pool_layer(L, cur, next, cluster, rank, ranks, false); break;
-            case CYDNN_NET_GLOBAL_AVG_POOL: gap_layer(L, cur, next, cluster, rank, ranks); break;
-            default: epilogue_layer(L, cur, next, cluster, rank, ranks); break;
-        }
-        cluster.sync();   // every block's slice has landed everywhere; nobody reads `cur` any more
-        float *t = cur;
-        cur = next;
-        next = t;
-    }
-    if (rank != 0) return;
-    const long out_size = net.out_size;
-    if (!net.softmax) {
+// Rank 0's last step: y (out_size values) from the last activation `cur`, softmax'd where asked
+// (block reductions through red: 32 floats of the block's shared memory).
+CYDNN_NET_FN void write_output(const float *cur, float *y, long out_size, bool softmax, float *red) {
+    if (!softmax) {
         for (long i = threadIdx.x; i < out_size; i += blockDim.x) y[i] = cur[i];
         return;
     }
@@ -199,6 +176,35 @@ __device__ void forward_image(const cydnnNet &net, const float *x, float *y, flo
     s = 0.0f;
     for (int w = 0; w < warps; ++w) s += red[w];
     for (long i = threadIdx.x; i < out_size; i += blockDim.x) y[i] = expf(cur[i] - m) / s;
+}
+
+// One image through the whole table: x (in_size values) into the two ping-pong buffers of every
+// block of the cluster, the layers, and rank 0 writes y (out_size values; softmax'd where the table
+// says).  Every block of the cluster calls it; red: 32 floats of the block's shared memory.  (A
+// kernel generated for one network, compiler/fused_net_gen.py, writes this loop out, one layer
+// function call a layer with the shapes as constants.)
+CYDNN_NET_FN void forward_image(const cydnnNet &net, const float *x, float *y, float *smem, float *red,
+                                int buf_floats, cg::cluster_group &cluster, int rank, int ranks) {
+    float *cur = smem, *next = smem + buf_floats, *wbuf = smem + 2L * buf_floats;
+    load_input(x, net.in_size, cur, cluster, rank, ranks);
+    for (int l = 0; l < net.num_layers; ++l) {
+        const cydnnNetLayer &L = net.layers[l];
+        switch (L.op) {
+            case CYDNN_NET_CONV:
+                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
+                break;
+            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
+            case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;
+            case CYDNN_NET_AVG_POOL: pool_layer(L, cur, next, cluster, rank, ranks, false); break;
+            case CYDNN_NET_GLOBAL_AVG_POOL: gap_layer(L, cur, next, cluster, rank, ranks); break;
+            default: epilogue_layer(L, cur, next, cluster, rank, ranks); break;
+        }
+        cluster.sync();   // every block's slice has landed everywhere; nobody reads `cur` any more
+        float *t = cur;
+        cur = next;
+        next = t;
+    }
+    if (rank == 0) write_output(cur, y, net.out_size, net.softmax != 0, red);
 }
 
 }  // namespace

@@ -326,6 +326,13 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes)
     cydnnStatus_t cydnn_fused_net_forward(cydnnContext *ctx, const cydnnNet *net, const float *x, int n,
                                           float *y, int cluster)
+    ctypedef struct cydnnNetKernel:
+        pass
+    cydnnStatus_t cydnn_net_kernel_load(cydnnContext *ctx, const void *image, const char *name, int cluster,
+                                        cydnnNetKernel **out)
+    void cydnn_net_kernel_destroy(cydnnNetKernel *k)
+    cydnnStatus_t cydnn_fused_net_launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
+                                         int cluster, const cydnnNetKernel *kernel)
     ctypedef struct cydnnResident:
         pass
     cydnnStatus_t cydnn_resident_create(cydnnContext *ctx, const cydnnNet *net, int cluster, long idle_us,

@@ -28,6 +28,31 @@ cdef class MappedBuffer:
             self.host = NULL
 
 
+cdef class NetKernel:
+    """A fused-network kernel generated for one network and one cluster size (compiler/fused_net_gen.py):
+    NVRTC's cubin loaded as a library (cydnn_net_kernel_load).  FusedNet's calls take it as ``kernel``."""
+    cdef cydnnNetKernel *k
+    cdef readonly int cluster
+
+    def __cinit__(self, bytes image not None, str name not None, int cluster):
+        self.k = NULL
+        self.cluster = cluster
+        check(cydnn_net_kernel_load(ctx(), <const char *>image, name.encode(), cluster, &self.k),
+              "fused_net_kernel_load")
+
+    def __dealloc__(self):
+        if self.k != NULL:
+            cydnn_net_kernel_destroy(self.k)
+            self.k = NULL
+
+
+cdef cydnnStatus_t _net_launch(cydnnContext *c, const cydnnNet *net, const float *x, int n, float *y, int cluster,
+                               NetKernel kernel):
+    if kernel is None:
+        return cydnn_fused_net_forward(c, net, x, n, y, cluster)
+    return cydnn_fused_net_launch(c, net, x, n, y, cluster, kernel.k)
+
+
 cdef class FusedNet:
     """A network table (cydnnNet) over DeviceArrays, checked once (cydnn_fused_net_check).
 
@@ -77,16 +102,16 @@ cdef class FusedNet:
         self.arrays = tuple(a for a in keep if a is not None)
         check(cydnn_fused_net_check(&self.net, &self.smem_bytes), "fused_net_forward")
 
-    def forward(self, DeviceArray x not None, DeviceArray y not None, int n, int cluster=1):
-        """y[:n] = the network on x[:n] (float32 DeviceArrays of n * in_size and n * out_size at least)."""
+    def forward(self, DeviceArray x not None, DeviceArray y not None, int n, int cluster=1, NetKernel kernel=None):
+        """y[:n] = the network on x[:n] (float32 DeviceArrays of n * in_size and n * out_size at least);
+        ``kernel``: a generated kernel for this table and cluster size (None: the interpreter)."""
         if x.size < <size_t>n * self.net.in_size or y.size < <size_t>n * self.net.out_size:
             raise ValueError(f"fused_net_forward: x of {x.size} and y of {y.size} values cannot hold {n} images "
                              f"of {self.net.in_size} -> {self.net.out_size}")
-        check(cydnn_fused_net_forward(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster),
-              "fused_net_forward")
+        check(_net_launch(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster, kernel), "fused_net_forward")
 
     def run_mapped(self, cnp.ndarray x not None, cnp.ndarray out not None, MappedBuffer xin not None,
-                   MappedBuffer yout not None, int cluster=1):
+                   MappedBuffer yout not None, int cluster=1, NetKernel kernel=None):
         """numpy in, numpy out through mapped pinned memory: x copied into ``xin`` on the host, one launch
         whose kernel reads ``xin`` and writes ``yout`` over PCIe, one wait, ``yout`` copied into out (a few
         images: two copies on the stream would cost more than the kernel's reads).  Same x / out rules as
@@ -103,13 +128,13 @@ cdef class FusedNet:
                              f"{n} images ({in_bytes} and {out_bytes} bytes)")
         cdef cydnnContext *c = ctx()
         memcpy(xin.host, cnp.PyArray_DATA(x), in_bytes)
-        check(cydnn_fused_net_forward(c, &self.net, <const float *>xin.device, n, <float *>yout.device, cluster),
+        check(_net_launch(c, &self.net, <const float *>xin.device, n, <float *>yout.device, cluster, kernel),
               "fused_net_forward")
         check(cydnn_context_synchronize(c), "fused_net_forward")
         memcpy(cnp.PyArray_DATA(out), yout.host, out_bytes)
 
     def run_host(self, cnp.ndarray x not None, cnp.ndarray out not None, DeviceArray dx not None,
-                 DeviceArray dy not None, int cluster=1):
+                 DeviceArray dy not None, int cluster=1, NetKernel kernel=None):
         """numpy in, numpy out in one call: copy x up into dx, the kernel, copy dy down into out.
         x: C-contiguous float32 (n, ...) of n * in_size values; out: C-contiguous float32 of n * out_size."""
         cdef int n = x.shape[0]
@@ -123,7 +148,7 @@ cdef class FusedNet:
         cdef float *px = f32(dx, "x")
         cdef float *py = f32(dy, "y")
         check(cydnn_memcpy_h2d(c, px, cnp.PyArray_DATA(x), <size_t>n * self.net.in_size * 4), "fused_net_forward")
-        check(cydnn_fused_net_forward(c, &self.net, px, n, py, cluster), "fused_net_forward")
+        check(_net_launch(c, &self.net, px, n, py, cluster, kernel), "fused_net_forward")
         check(cydnn_memcpy_d2h(c, cnp.PyArray_DATA(out), py, <size_t>n * self.net.out_size * 4),
               "fused_net_forward")
 

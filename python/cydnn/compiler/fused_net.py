@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from .. import _C
+from . import fused_net_gen
 from .executor import time_calls
 from .trace import slope
 
@@ -206,12 +207,16 @@ class FusedNetwork:
         self.out_size = int(np.prod(out_shape))
         self.layers = layers
         width = max([self.in_size] + [_size(layer) for layer in layers])
-        self.tables = {}
+        self.tables, self._bound = {}, {}
+        self.softmax, self._buf_floats = bool(softmax), -(-width // 4) * 4
         for r in CLUSTERS:
             bound = [self._bind(layer, r) for layer in layers]
-            room = SMEM_LIMIT // 4 - 2 * (-(-width // 4) * 4)  # floats left beside the two activation buffers
+            room = SMEM_LIMIT // 4 - 2 * self._buf_floats  # floats left beside the two activation buffers
             wcap = min(room, max([_staged(d, r) for d in bound] + [0]))
             self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
+            self._bound[r] = (bound, wcap)
+        # kernels generated for this network (fused_net_gen.py), per cluster size, compiled in the background
+        self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, fused_net_gen.enabled())
         self.capacity = capacity
         self._dx = _C.empty((capacity * self.in_size,))
         self._dy = _C.empty((capacity * self.out_size,))
@@ -238,20 +243,45 @@ class FusedNetwork:
                      bn_eps=float(m.eps))
         return d
 
+    def _source(self, cluster):
+        bound, wcap = self._bound[cluster]
+        return fused_net_gen.source(bound, cluster, wcap, self._buf_floats, self.in_size, self.out_size,
+                                    self.softmax)
+
+    def _trial(self, cluster, kernel):
+        """The generated kernel against the interpreter on one and on several random images: the same
+        outputs (within 1e-5: the same code and order, so in practice the same bits), then both timed."""
+        n = min(self.capacity, 4)
+        x = _C.to_device(np.random.default_rng(0).standard_normal(n * self.in_size).astype(np.float32))
+        want = _C.empty((n * self.out_size,))
+        table = self.tables[cluster]
+        for m in sorted({1, n}):
+            table.forward(x, want, m, cluster)
+            table.forward(x, self._dy, m, cluster, kernel)
+            ref, got = want.numpy()[:m * self.out_size], self._dy.numpy()[:m * self.out_size]
+            diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+            if not np.allclose(got, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max()))):
+                return False, {"reason": f"self-test: {m} images differ from the interpreter's by {diff:.3g}"}
+        interp = time_calls(lambda: table.forward(x, self._dy, 1, cluster), 20)
+        gen = time_calls(lambda: table.forward(x, self._dy, 1, cluster, kernel), 20)
+        trial = {"max_diff": diff, "timed_us": {"interpreter": round(1e6 * interp, 1), "generated": round(1e6 * gen, 1)}}
+        return gen < interp, trial
+
     def forward(self, x, y, n, cluster):
-        self.tables[cluster].forward(x, y, n, cluster)
+        self.tables[cluster].forward(x, y, n, cluster, self.generated.get(cluster))
 
     def run_host(self, x, cluster):
         """x: float32 (n, *in_shape), n <= capacity -> numpy (n, *out_shape).  One image on a cluster of
         RESIDENT_MIN_CLUSTER blocks or more goes to the resident kernel (no launch:
-        cpp/fused_net_resident.cu), unless it is switched off; up to
+        cpp/fused_net_resident.cu) where it is asked for and no generated kernel serves the cluster; up to
         MAPPED_ROWS images through mapped pinned memory (one launch and one wait: ~6 us less than two
         copies on the stream); more, or where mapped memory cannot be had, through the staging
         buffers."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         n = x.shape[0]
         out = np.empty((n,) + self.out_shape, np.float32)
-        if n == 1 and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
+        kernel = self.generated.get(cluster)
+        if n == 1 and kernel is None and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
             resident = self._residents.get(cluster) or self._resident(cluster)
             if resident is not None:
                 self.served["resident" if resident.run(x, out) else "launched"] += 1
@@ -264,9 +294,9 @@ class FusedNetwork:
                 self._mapped = False
                 self.mapped_reason = str(e)
         if n <= MAPPED_ROWS and self._mapped:
-            self.tables[cluster].run_mapped(x, out, *self._mapped, cluster)
+            self.tables[cluster].run_mapped(x, out, *self._mapped, cluster, kernel)
         else:
-            self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster)
+            self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster, kernel)
         return out
 
     def _resident(self, cluster):
@@ -365,4 +395,6 @@ class FusedChoice:
         chosen = min(times, key=times.get)
         self.timed_us[bucket] = {("plan" if k is None else f"fused/{k}"): round(1e6 * t, 1) for k, t in times.items()}
         self.clusters[bucket] = chosen
+        if chosen is not None:
+            self.net.generated.start(chosen)      # in the background; the interpreter serves meanwhile
         return chosen

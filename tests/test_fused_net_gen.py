@@ -1,0 +1,194 @@
+"""Kernels generated for one network (compiler/fused_net_gen.py): the fused network's layer loop
+written out with the shapes as constants, compiled by NVRTC, loaded and launched on the same table.
+
+CPU (NVRTC needs no GPU): the source says what it runs and compiles to a cubin; NVRTC's refusal comes
+back with its log; the switch.  GPU: every test network at several cluster sizes gives the
+interpreter's outputs and the reference forward's; a compiled inference adopts the kernel once its
+background compile is done (checked and timed), sees weights changed in place, refuses a kernel made
+for another cluster size.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import cydnn
+from cydnn import _C
+from cydnn.compiler import fused_net, fused_net_gen
+from cydnn.compiler.trace import trace
+
+from test_compiler import ZOO
+from test_fused_net import CASES
+
+gpu = pytest.mark.gpu
+
+
+def _have_nvrtc():
+    try:
+        fused_net_gen._nvrtc()
+        fused_net_gen.headers()
+        return None
+    except fused_net_gen.GenerationError as e:
+        return str(e)
+
+
+NVRTC_MISSING = _have_nvrtc()
+needs_nvrtc = pytest.mark.skipif(NVRTC_MISSING is not None, reason=f"no NVRTC here: {NVRTC_MISSING}")
+
+
+def _layers(name):
+    make, shape = CASES[name]
+    model = make()
+    nodes = trace(model, shape, 1)
+    return model, shape, nodes, fused_net.describe(nodes)
+
+
+# ---------------------------------------------------------------------- CPU: the source and NVRTC
+def test_the_source_calls_each_layer_with_its_shapes_as_constants():
+    _, shape, _, layers = _layers("lenet_widths")
+    bound = [fused_net.FusedNetwork._bind(layer, 8) for layer in layers]
+    text = fused_net_gen.source(bound, 8, 1234, 4704, 784, 10, True)
+    assert "constexpr int RANKS = 8;" in text and "constexpr long WCAP = 1234;" in text
+    assert "constexpr int BUF = 4704;" in text and f"{fused_net_gen.KERNEL_NAME}(" in text
+    calls = [line.strip().split("(")[0] for line in text.splitlines()
+             if line.strip().split("(")[0] in ("conv_dispatch", "pool_layer", "linear_layer")]
+    assert calls == ["conv_dispatch", "pool_layer", "conv_dispatch", "pool_layer", "linear_layer", "linear_layer"]
+    first = bound[0]
+    assert (f"L.op = CYDNN_NET_CONV; L.tile = {first['tile']}; L.c = 1; L.h = 28; L.w = 28; L.k = {first['k']}; "
+            f"L.oh = {first['oh']}; L.ow = {first['ow']}; L.kh = 5; L.kw = 5;") in text
+    assert "write_output(cur, y + image * 10L, 10L, true, red);" in text
+    assert "write_output(cur, y + image * 10L, 10L, false, red);" in fused_net_gen.source(
+        bound, 8, 1234, 4704, 784, 10, False)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["mlp", "odd"])
+def test_nvrtc_compiles_the_source_into_a_cubin(name):
+    _, _, nodes, layers = _layers(name)
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    text = fused_net_gen.source(bound, 16, 0, 4096, int(np.prod(nodes[0].in_shape[1:])),
+                                int(np.prod(nodes[-1].out_shape[1:])), False)
+    cubin = fused_net_gen.compile_cubin(text)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
+
+
+@needs_nvrtc
+def test_a_source_nvrtc_refuses_comes_back_with_its_log():
+    with pytest.raises(fused_net_gen.GenerationError, match=r"NVRTC refused the generated source: .*undefined"):
+        fused_net_gen.compile_cubin('#include "fused_net_layers.cuh"\n__global__ void k() { undefined_thing(); }\n')
+    gen = fused_net_gen.Generation("this is not CUDA")
+    assert gen.wait(60) and gen.done()
+    with pytest.raises(fused_net_gen.GenerationError, match="NVRTC refused"):
+        gen.result()
+
+
+@needs_nvrtc
+def test_a_background_compile_runs_in_a_child_process_and_can_be_killed():
+    _, _, nodes, layers = _layers("mlp")
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
+    gen = fused_net_gen.Generation(text)
+    assert gen._proc.pid != os.getpid() and gen in fused_net_gen._running
+    assert gen.wait(120)
+    assert gen.result() == fused_net_gen.compile_cubin(text) and not os.path.exists(gen._dir)
+    assert gen not in fused_net_gen._running and gen.seconds > 0
+    slow = fused_net_gen.Generation(text)           # what the exit hook does to a compile still running
+    slow.kill()
+    with pytest.raises(fused_net_gen.GenerationError, match="killed: the program exited before the compile ended"):
+        slow.result()
+    assert slow._proc.returncode != 0 and not os.path.exists(slow._dir) and slow not in fused_net_gen._running
+
+
+@pytest.mark.parametrize("text, want", [(None, True), ("1", True), (" 0 ", False), ("", True)])
+def test_the_switch(text, want):
+    assert fused_net_gen.enabled({} if text is None else {"CYDNN_FUSED_GEN": text}) is want
+    with pytest.raises(ValueError, match="CYDNN_FUSED_GEN must be 0 or 1, got 'yes'"):
+        fused_net_gen.enabled({"CYDNN_FUSED_GEN": "yes"})
+
+
+# ---------------------------------------------------------------------- GPU
+def _kernel(net, cluster):
+    return _C.NetKernel(fused_net_gen.compile_cubin(net._source(cluster)), fused_net_gen.KERNEL_NAME, cluster)
+
+
+@gpu
+@needs_nvrtc
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_kernels_give_the_interpreters_outputs(name):
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 8)
+    x = np.random.default_rng(21).standard_normal((5,) + shape).astype(np.float32)
+    want = model(_C.to_device(x)).numpy()
+    dx = _C.to_device(x)
+    for cluster in (1, 8, 16):
+        kernel = _kernel(net, cluster)
+        for n in (1, 5):
+            interp, gen = _C.empty((n * net.out_size,)), _C.empty((n * net.out_size,))
+            net.tables[cluster].forward(dx, interp, n, cluster)
+            net.tables[cluster].forward(dx, gen, n, cluster, kernel)
+            np.testing.assert_allclose(gen.numpy(), interp.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{cluster} {n}")
+            np.testing.assert_allclose(gen.numpy().reshape(want[:n].shape), want[:n], rtol=1e-5, atol=2e-6)
+        out = np.empty((5,) + net.out_shape, np.float32)
+        net.tables[cluster].run_host(x, out, net._dx, net._dy, cluster, kernel)       # numpy in, numpy out
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+@gpu
+@needs_nvrtc
+def test_a_kernel_serves_only_its_cluster_size():
+    make, shape = ZOO["mlp"]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 4)
+    kernel = _kernel(net, 16)
+    with pytest.raises(_C.CydnnError, match="the generated kernel serves clusters of 16 blocks, asked for 8"):
+        net.tables[8].forward(net._dx, net._dy, 1, 8, kernel)
+    with pytest.raises(_C.CydnnError, match="cluster must be 1, 2, 4, 8 or 16, got 3"):
+        _C.NetKernel(fused_net_gen.compile_cubin(net._source(16)), fused_net_gen.KERNEL_NAME, 3)
+    with pytest.raises(_C.CydnnError, match="cudaLibraryGetKernel"):
+        _C.NetKernel(fused_net_gen.compile_cubin(net._source(16)), "no_such_kernel", 16)
+
+
+@gpu
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["cnn32", "lenet_widths"])
+def test_a_compiled_inference_adopts_the_generated_kernel_and_sees_new_weights(name, monkeypatch):
+    monkeypatch.delenv("CYDNN_FUSED_GEN", raising=False)
+    make, shape = ZOO[name]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+    x = np.random.default_rng(22).standard_normal((1,) + shape).astype(np.float32)
+    np.testing.assert_allclose(infer(x), model(_C.to_device(x)).numpy(), rtol=1e-5, atol=2e-6)
+    cluster = infer.info()["fused_net"]["clusters"][1]
+    info = infer.wait_generated()[cluster]
+    assert info["status"] in ("in use", "not used") and info["max_diff"] <= 1e-5, info
+    assert info["timed_us"]["generated"] > 0 and info["compile_s"] > 0
+    np.testing.assert_allclose(infer(x), model(_C.to_device(x)).numpy(), rtol=1e-5, atol=2e-6)
+    for p in model.parameters():                     # in place: the same arrays, new values
+        _C.sgd_update(p.data, _C.to_device(np.full(p.data.shape, 0.02, np.float32)), None, 1.0, 0.0, 0.0, 0.0,
+                      False, True)
+    np.testing.assert_allclose(infer(x), model(_C.to_device(x)).numpy(), rtol=1e-5, atol=2e-6)
+
+
+@gpu
+def test_switched_off_nothing_is_generated(monkeypatch):
+    monkeypatch.setenv("CYDNN_FUSED_GEN", "0")
+    make, shape = ZOO["mlp"]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+    infer(np.zeros((1,) + shape, np.float32))
+    assert infer.info()["fused_net"]["generated"] == "off (CYDNN_FUSED_GEN=0)"
+
+
+def test_the_headers_a_wheel_installs_are_the_ones_the_source_includes():
+    """setup.py's build_py copies cpp/'s headers into cydnn/_cuda_src for installs without the source
+    tree: its list must be the generator's (a header missing there turns every generation off)."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    listed = text.split('for name in ("', 1)[1].split(")", 1)[0]
+    assert tuple(n.strip().strip('"') for n in listed.split(",")) == fused_net_gen._HEADERS
+    found = fused_net_gen.headers()
+    assert set(found) == set(fused_net_gen._HEADERS) | {"stddef.h", "stdint.h"}
+    assert "cluster_group" in found["fused_net_rtc.cuh"] and "forward_image" in found["fused_net_layers.cuh"]

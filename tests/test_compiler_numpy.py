@@ -45,14 +45,21 @@ def test_training_plan_equals_the_reference_step(name, options):
         ref.backward(loss_fn.backward(), input_grad=False)
         got = run.run(x, y.astype(np.int32), lr=SGD["lr"])
         assert float(got["loss"]) == pytest.approx(want, rel=1e-5)
-        noise = 1e-5 * max(np.abs(p.grad).max() for p in ref.parameters())
+        largest = max(np.abs(p.grad).max() for p in ref.parameters())
+        noise = 1e-5 * largest
         for pname, p in ref.named_parameters():
-            # a bias followed by batch norm has a true gradient of 0: both sides are rounding noise; any
-            # other gradient may be a sum that cancels (batch norm's backward): float32 rounding of its terms,
-            # summed in another order, is up to ~1e-5 of the largest gradient (seen: 1.5e-6 on 9.weight of
-            # cnn_bn with numpy 2.4, the largest gradient ~0.5)
-            atol = noise if pname in _biases_before_norm(ref) else max(1e-6, noise)
-            np.testing.assert_allclose(got["d:" + pname], p.grad, rtol=1e-4, atol=atol, err_msg=pname)
+            if pname in _biases_before_norm(ref):
+                # a bias followed by batch norm has a true gradient of 0: both sides are rounding noise of a
+                # sum of ~200 float32 terms (up to ~1.2e-5 of the largest gradient), which two summation
+                # orders give with different signs (seen on the GPU machine's numpy: 4.5e-6 against -3.7e-6,
+                # the largest gradient 0.63) -- so each side must be that small, not equal to the other
+                bound = 5e-5 * largest
+                assert np.abs(got["d:" + pname]).max() <= bound and np.abs(p.grad).max() <= bound, pname
+                continue
+            # any other gradient may be a sum that cancels (batch norm's backward): float32 rounding of its
+            # terms, summed in another order, is up to ~1e-5 of the largest gradient (seen: 1.5e-6 on
+            # 9.weight of cnn_bn with numpy 2.4, the largest gradient ~0.5)
+            np.testing.assert_allclose(got["d:" + pname], p.grad, rtol=1e-4, atol=max(1e-6, noise), err_msg=pname)
         opt.step()
         for pname, p in ref.named_parameters():
             np.testing.assert_allclose(got[pname], p.data, rtol=1e-4, atol=1e-6, err_msg=pname)

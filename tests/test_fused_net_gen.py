@@ -192,3 +192,27 @@ def test_the_headers_a_wheel_installs_are_the_ones_the_source_includes():
     found = fused_net_gen.headers()
     assert set(found) == set(fused_net_gen._HEADERS) | {"stddef.h", "stdint.h"}
     assert "cluster_group" in found["fused_net_rtc.cuh"] and "forward_image" in found["fused_net_layers.cuh"]
+
+
+def test_the_generated_kernels_hold_their_network_weakly():
+    """A network's device buffers go when it goes, not at a later garbage collection: no cycle through
+    the object that manages its generated kernels."""
+    import gc
+    import weakref
+
+    class Net:
+        def src(self, cluster):
+            return f"// {cluster}"
+
+        def trial(self, cluster, kernel):
+            return True, {}
+    net = Net()
+    net.generated = fused_net_gen.GeneratedKernels(net.src, net.trial, on=False)
+    assert net.generated.source(8) == "// 8"
+    ref = weakref.ref(net)
+    gc.disable()
+    try:
+        del net
+        assert ref() is None
+    finally:
+        gc.enable()

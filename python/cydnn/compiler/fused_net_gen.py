@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from . import _nvrtc as _nvrtc_mod
@@ -245,7 +246,9 @@ class GeneratedKernels:
     runs faster.  ``info`` says what happened to each."""
 
     def __init__(self, make_source, trial, on=True):
-        self._make_source, self._trial = make_source, trial
+        # the network's own methods, held weakly: the network holds this object, and a reference cycle
+        # would keep its device buffers until the next garbage collection instead of until it goes
+        self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
         self._pending, self._ready, self.info = {}, {}, {}
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
 
@@ -253,7 +256,7 @@ class GeneratedKernels:
         """Generate and compile (in the background) the kernel for ``cluster``, once."""
         if self.reason is not None or cluster in self._pending or cluster in self.info:
             return
-        self._pending[cluster] = Generation(self._make_source(cluster))
+        self._pending[cluster] = Generation(self._make_source()(cluster))
         self.info[cluster] = {"status": "compiling"}
 
     def get(self, cluster):
@@ -270,7 +273,7 @@ class GeneratedKernels:
         return self.get(cluster)
 
     def source(self, cluster):
-        return self._make_source(cluster)
+        return self._make_source()(cluster)
 
     def _adopt(self, cluster):
         from .. import _C
@@ -279,7 +282,7 @@ class GeneratedKernels:
         info["compile_s"] = round(gen.seconds, 2)
         try:
             kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)
-            ok, trial = self._trial(cluster, kernel)
+            ok, trial = self._trial()(cluster, kernel)
         except (GenerationError, _C.CydnnError) as e:
             info.update(status="refused", reason=str(e))
             return None

@@ -216,3 +216,22 @@ def test_the_generated_kernels_hold_their_network_weakly():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_explain_says_what_was_generated():
+    import types
+
+    class Net:
+        def src(self, cluster):
+            return ""
+
+        def trial(self, cluster, kernel):
+            return True, {}
+    owner = Net()
+    stub = types.SimpleNamespace(tables={1: types.SimpleNamespace(smem_bytes=4096)}, layers=[],
+                                 generated=fused_net_gen.GeneratedKernels(owner.src, owner.trial, on=True))
+    assert fused_net.FusedNetwork.explain(stub).endswith("(fused_net_gen.source(...) prints one): none yet")
+    stub.generated.info.update({16: {"status": "in use"}, 8: {"status": "not used"}})
+    assert fused_net.FusedNetwork.explain(stub).endswith(": cluster 8: not used, cluster 16: in use")
+    stub.generated = fused_net_gen.GeneratedKernels(owner.src, owner.trial, on=False)
+    assert fused_net.FusedNetwork.explain(stub).endswith(": off (CYDNN_FUSED_GEN=0)")

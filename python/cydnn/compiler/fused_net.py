@@ -325,6 +325,10 @@ class FusedNetwork:
             name = node.name if node is not None else (bn.name if bn is not None else "-")
             lines.append(f"  {layer['op']:<16} {name:<16} {layer['c']}x{layer['h']}x{layer['w']} -> "
                          f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}")
+        gen = self.generated
+        lines.append("kernels generated for this network (fused_net_gen.source(...) prints one): "
+                     + (gen.reason or ", ".join(f"cluster {c}: {v['status']}" for c, v in sorted(gen.info.items()))
+                        or "none yet"))
         return "\n".join(lines)
 
 

@@ -99,6 +99,34 @@ def test_a_background_compile_runs_in_a_child_process_and_can_be_killed():
     assert slow._proc.returncode != 0 and not os.path.exists(slow._dir) and slow not in fused_net_gen._running
 
 
+@needs_nvrtc
+def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(monkeypatch):
+    monkeypatch.setattr(fused_net_gen, "MAX_RUNNING", 1)
+    _, _, nodes, layers = _layers("mlp")
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
+    first, second = fused_net_gen.Generation(text), fused_net_gen.Generation(text + "// 2\n")
+    assert first._proc is not None and second._proc is None and fused_net_gen._queue == [second]
+    assert second.wait(120) and first.done()           # the second starts once the first is done
+    assert second.result()[:4] == b"\x7fELF" and not fused_net_gen._queue and not fused_net_gen._running
+
+    class Net:
+        def src(self, cluster):
+            return text
+
+        def trial(self, cluster, kernel):
+            return True, {}
+    owner = Net()
+    kernels = fused_net_gen.GeneratedKernels(owner.src, owner.trial)
+    kernels.start(16)
+    gen = kernels._pending[16]
+    assert kernels.info[16] == {"status": "compiling"}
+    del kernels                                        # the network went: its compile is killed
+    with pytest.raises(fused_net_gen.GenerationError, match="dropped: the network went"):
+        gen.result()
+    assert not fused_net_gen._running and not fused_net_gen._queue
+
+
 @pytest.mark.parametrize("text, want", [(None, True), ("1", True), (" 0 ", False), ("", True)])
 def test_the_switch(text, want):
     assert fused_net_gen.enabled({} if text is None else {"CYDNN_FUSED_GEN": text}) is want

@@ -157,34 +157,47 @@ def compile_cubin(text, arch=ARCH):
 class Generation:
     """One background compile: ``text`` -> cubin by NVRTC in a child process (compiler/_nvrtc.py), so
     that neither a compile still running at exit nor a crash inside NVRTC touches this process; one
-    still running when the program exits is killed.  ``done()`` polls; ``result()`` once done: the
-    cubin, or raises the GenerationError."""
+    still running when the program exits is killed.  At most MAX_RUNNING children run at once (the
+    others wait their turn: a test suite or a notebook makes many networks).  ``done()`` polls;
+    ``result()`` once done: the cubin, or raises the GenerationError."""
 
     def __init__(self, text, arch=ARCH):
         self.text, self.cubin, self.error, self.seconds = text, None, None, None
         self._t0 = time.perf_counter()
         self._dir = tempfile.mkdtemp(prefix="cydnn-nvrtc-")
         self._out = os.path.join(self._dir, "kernel.cubin")
+        self._spec = os.path.join(self._dir, "spec.json")
         self._proc = None
         try:
-            spec = os.path.join(self._dir, "spec.json")
-            with open(spec, "w") as f:
+            with open(self._spec, "w") as f:
                 json.dump({"lib": _nvrtc(), "text": text, "headers": headers(), "options": _options(arch)}, f)
-            self._proc = subprocess.Popen([sys.executable, "-I", _nvrtc_mod.__file__, spec, self._out],
+        except (GenerationError, OSError) as e:
+            self._finish(e if isinstance(e, GenerationError) else GenerationError(f"cannot write NVRTC's input: {e}"))
+            return
+        _queue.append(self)
+        _pump()
+
+    def _start(self):
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", _nvrtc_mod.__file__, self._spec, self._out],
                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE)
             _running.add(self)
-        except (GenerationError, OSError) as e:
-            self._finish(e if isinstance(e, GenerationError) else GenerationError(f"cannot start NVRTC: {e}"))
+        except OSError as e:
+            self._finish(GenerationError(f"cannot start NVRTC: {e}"))
 
     def _finish(self, error=None):
         self.error, self.seconds = error, time.perf_counter() - self._t0
         _running.discard(self)
+        if self in _queue:
+            _queue.remove(self)
         shutil.rmtree(self._dir, ignore_errors=True)
+        _pump()
 
     def done(self):
         if self.seconds is None and self._proc is not None and self._proc.poll() is not None:
             self._collect()
+        _pump()
         return self.seconds is not None
 
     def _collect(self):
@@ -201,19 +214,23 @@ class Generation:
             self._finish(GenerationError(f"the NVRTC process ended with status {code}: {err[-1000:]}"))
 
     def wait(self, timeout=None):
-        if self.seconds is None and self._proc is not None:
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            for gen in list(_running):              # whichever runs: this one, or those before it
+                gen.done()
+            if deadline is not None and time.monotonic() > deadline:
                 return False
-        return self.done()
+            time.sleep(0.005)
+        return True
 
-    def kill(self):
-        if self.seconds is None and self._proc is not None:
+    def kill(self, why="killed: the program exited before the compile ended"):
+        if self.seconds is not None:
+            return
+        if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
             self._proc.stderr.close()
-            self._finish(GenerationError("killed: the program exited before the compile ended"))
+        self._finish(GenerationError(why))
 
     def result(self):
         if self.error is not None:
@@ -221,11 +238,20 @@ class Generation:
         return self.cubin
 
 
-_running = set()
+#: NVRTC children running at once (each takes a core for 0.2-20 s)
+MAX_RUNNING = max(1, (os.cpu_count() or 2) // 2)
+_running, _queue = set(), []
+
+
+def _pump():
+    """Start waiting compiles while fewer than MAX_RUNNING run."""
+    while _queue and len(_running) < MAX_RUNNING:
+        _queue.pop(0)._start()
 
 
 @atexit.register
 def _kill_running():
+    _queue.clear()
     for gen in list(_running):
         gen.kill()
 
@@ -251,6 +277,10 @@ class GeneratedKernels:
         self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
         self._pending, self._ready, self.info = {}, {}, {}
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
+
+    def __del__(self):
+        for gen in getattr(self, "_pending", {}).values():     # the network went: its compiles are not needed
+            gen.kill("dropped: the network went before the compile ended")
 
     def start(self, cluster):
         """Generate and compile (in the background) the kernel for ``cluster``, once."""

@@ -10,6 +10,7 @@ from cydnn.ops import cpu
 from cydnn.ops.cpu import kernels
 
 from test_ops_cpu_mut2 import Recording     # the compiled module, the kernels called recorded
+from test_ops_cpu_mut2 import twin as on_twin     # fn on the numpy twin, the kernels in use put back after
 
 BUILT = kernels.kernels_available()[0]
 needs_kernels = pytest.mark.skipif(not BUILT, reason="the compiled kernels are not built here")
@@ -20,15 +21,6 @@ def rec(monkeypatch):
     r = Recording(kernels._compiled)
     monkeypatch.setattr(kernels, "_active", r)
     return r
-
-
-def on_twin(fn, *args, **kwargs):
-    before = kernels._active
-    kernels._active = None
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        kernels._active = before
 
 
 def strided(a):

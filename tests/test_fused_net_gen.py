@@ -263,3 +263,32 @@ def test_explain_says_what_was_generated():
     assert fused_net.FusedNetwork.explain(stub).endswith(": cluster 8: not used, cluster 16: in use")
     stub.generated = fused_net_gen.GeneratedKernels(owner.src, owner.trial, on=False)
     assert fused_net.FusedNetwork.explain(stub).endswith(": off (CYDNN_FUSED_GEN=0)")
+
+
+@needs_nvrtc
+def test_a_program_that_exits_with_compiles_running_and_waiting_exits_cleanly():
+    """The exit hook kills the running NVRTC child and ends the waiting ones: status 0, nothing on
+    stderr (no finaliser tripping over a torn-down module), no temporary folder left."""
+    import subprocess
+    import sys
+    child = """
+import sys
+from cydnn.compiler import fused_net_gen as g
+g.MAX_RUNNING = 1
+text = '#include "fused_net_layers.cuh"\\n__global__ void k() {}\\n'
+class Net:
+    def src(self, c): return text
+    def trial(self, c, k): return True, {}
+owner = Net()
+owner.kernels = g.GeneratedKernels(owner.src, owner.trial)
+for c in (1, 2, 4):
+    owner.kernels.start(c)
+g._kept = [g.Generation(text) for _ in range(2)]     # held to the end: only the exit hook ends these
+assert len(g._running) == 1 and len(g._queue) == 4
+print("\\n".join([gen._dir for gen in owner.kernels._pending.values()] + [gen._dir for gen in g._kept]))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    dirs = done.stdout.split()
+    assert len(dirs) == 5 and not any(os.path.exists(d) for d in dirs)

@@ -251,8 +251,11 @@ def _pump():
 
 @atexit.register
 def _kill_running():
+    """At exit: the waiting compiles never start, the running ones are killed (both end as killed, so
+    that nothing is left for a finaliser to do while the interpreter tears its modules down)."""
+    waiting = list(_queue)
     _queue.clear()
-    for gen in list(_running):
+    for gen in waiting + list(_running):
         gen.kill()
 
 

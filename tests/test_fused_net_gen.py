@@ -51,8 +51,10 @@ def test_the_source_calls_each_layer_with_its_shapes_as_constants():
     assert "constexpr int RANKS = 8;" in text and "constexpr long WCAP = 1234;" in text
     assert "constexpr int BUF = 4704;" in text and f"{fused_net_gen.KERNEL_NAME}(" in text
     calls = [line.strip().split("(")[0] for line in text.splitlines()
-             if line.strip().split("(")[0] in ("conv_dispatch", "pool_layer", "linear_layer")]
-    assert calls == ["conv_dispatch", "pool_layer", "conv_dispatch", "pool_layer", "linear_layer", "linear_layer"]
+             if line.strip().startswith(("conv_layer<", "conv_split<", "pool_layer(", "linear_layer("))]
+    convs = [fused_net_gen._call(d).split("(")[0] for d in bound if d["op"] == "conv"]
+    assert calls == [convs[0], "pool_layer", convs[1], "pool_layer", "linear_layer", "linear_layer"]
+    assert all(c.endswith(", 5>") for c in convs), convs        # 5x5 kernels: the unrolled instance
     first = bound[0]
     assert (f"L.op = CYDNN_NET_CONV; L.tile = {first['tile']}; L.c = 1; L.h = 28; L.w = 28; L.k = {first['k']}; "
             f"L.oh = {first['oh']}; L.ow = {first['ow']}; L.kh = 5; L.kw = 5;") in text
@@ -70,6 +72,31 @@ def test_nvrtc_compiles_the_source_into_a_cubin(name):
                                 int(np.prod(nodes[-1].out_shape[1:])), False)
     cubin = fused_net_gen.compile_cubin(text)
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 10_000
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["allconv", "odd"])
+def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
+    """The source names each convolution's template instance (tile and kernel size) instead of calling
+    conv_dispatch (NVRTC then instantiates only those: 3.5-14 s -> 0.3-1 s): the PTX must be the
+    dispatch's, instruction for instruction (virtual register numbers aside)."""
+    import re
+    _, _, nodes, layers = _layers(name)
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    direct = fused_net_gen.source(bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])),
+                                  int(np.prod(nodes[-1].out_shape[1:])), False)
+    dispatched = direct
+    for d in bound:
+        if d["op"] == "conv":
+            assert fused_net_gen._call(d) in dispatched
+            dispatched = dispatched.replace(fused_net_gen._call(d), fused_net_gen._CALLS["conv"], 1)
+    assert dispatched != direct
+
+    def code(text):
+        lines = [line for line in fused_net_gen.compile_ptx(text).splitlines()
+                 if line.strip() and not line.startswith("//") and not line.strip().startswith((".loc", ".file"))]
+        return [re.sub(r"%(f|r|rd|p|fd|rs)\d+", r"%\1", line) for line in lines]
+    assert code(direct) == code(dispatched)
 
 
 @needs_nvrtc

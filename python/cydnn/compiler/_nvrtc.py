@@ -20,8 +20,9 @@ def _check(lib, status, what):
         raise NvrtcError(f"NVRTC {what}: {lib.nvrtcGetErrorString(status).decode()}")
 
 
-def compile_source(lib_path, text, headers, options):
-    """cubin bytes of ``text`` (``headers``: {include name: text}) compiled with ``options``."""
+def compile_source(lib_path, text, headers, options, ptx=False):
+    """cubin bytes of ``text`` (``headers``: {include name: text}) compiled with ``options``; with
+    ``ptx``, the PTX text instead (``options`` then name a virtual architecture, compute_XX)."""
     try:
         lib = ctypes.CDLL(lib_path)
     except OSError as e:
@@ -42,6 +43,11 @@ def compile_source(lib_path, text, headers, options):
             lib.nvrtcGetProgramLog(prog, log)
             raise NvrtcError(f"NVRTC refused the generated source: {log.value.decode(errors='replace')[-2000:]}")
         size = ctypes.c_size_t()
+        if ptx:
+            _check(lib, lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "PTX size")
+            text_out = ctypes.create_string_buffer(size.value)
+            _check(lib, lib.nvrtcGetPTX(prog, text_out), "PTX")
+            return text_out.value.decode()
         _check(lib, lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
         cubin = ctypes.create_string_buffer(size.value)
         _check(lib, lib.nvrtcGetCUBIN(prog, cubin), "cubin")

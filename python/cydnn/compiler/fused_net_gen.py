@@ -62,6 +62,22 @@ class GenerationError(RuntimeError):
     """NVRTC could not be found or refused the generated source (the message has its log)."""
 
 
+# tile code -> the convolution template conv_dispatch calls for it (cpp/fused_net_conv.cuh)
+_CONV = {6: ("conv_split", "16"), 5: ("conv_split", "8"), 4: ("conv_split", "4"), 3: ("conv_layer", "4, 4"),
+         2: ("conv_layer", "4, 1"), 1: ("conv_layer", "1, 4"), 0: ("conv_layer", "1, 1")}
+
+
+def _call(d):
+    """The layer function call: for a convolution, the one template instance conv_dispatch and
+    conv_sized / split_sized would reach for its tile and kernel size (instantiating only that one
+    saves NVRTC most of its time)."""
+    if d["op"] != "conv":
+        return _CALLS[d["op"]]
+    name, args = _CONV[int(d.get("tile", 0))]
+    ks = d["kh"] if d["kh"] == d["kw"] and d["kh"] in (1, 3, 5) else 0
+    return f"{name}<{args}, {ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
+
+
 def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
     """CUDA source of the forward of ``layers`` (the bound table's dicts, tiles chosen for ``ranks``
     blocks a cluster) for clusters of ``ranks``, ``wcap`` floats of staged weights and activation
@@ -95,7 +111,7 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
                   f"        L.num_epi = {len(epi)};" + "".join(f" L.epi[{s}] = {int(e)};" for s, e in enumerate(epi))
                   + f" L.act = {int(d.get('act', 0))}; L.slope = {float(d.get('slope', 0.0))!r}f;"
                   + f" L.bn_eps = {float(d.get('bn_eps', 0.0))!r}f;",
-                  f"        {_CALLS[d['op']]}",
+                  f"        {_call(d)}",
                   "        cluster.sync();",
                   "        float *t = cur; cur = next; next = t;",
                   "    }"]
@@ -150,6 +166,14 @@ def compile_cubin(text, arch=ARCH):
     """NVRTC, in this process: ``text`` (with the library's headers) -> cubin bytes for ``arch``."""
     try:
         return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch))
+    except _nvrtc_mod.NvrtcError as e:
+        raise GenerationError(str(e)) from None
+
+
+def compile_ptx(text, arch="compute_90"):
+    """NVRTC, in this process: ``text`` -> PTX (to read, or to compare two sources' code)."""
+    try:
+        return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch), ptx=True)
     except _nvrtc_mod.NvrtcError as e:
         raise GenerationError(str(e)) from None
 

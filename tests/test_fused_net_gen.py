@@ -319,3 +319,23 @@ print("\\n".join([gen._dir for gen in owner.kernels._pending.values()] + [gen._d
     assert done.returncode == 0 and done.stderr == "", done.stderr
     dirs = done.stdout.split()
     assert len(dirs) == 5 and not any(os.path.exists(d) for d in dirs)
+
+
+def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch):
+    def missing():
+        raise fused_net_gen.GenerationError("NVRTC not found: libnvrtc.so: cannot open shared object file")
+    monkeypatch.setattr(fused_net_gen, "_nvrtc", missing)
+
+    class Net:
+        def src(self, cluster):
+            return "// nothing"
+
+        def trial(self, cluster, kernel):
+            raise AssertionError("no kernel to try")
+    owner = Net()
+    kernels = fused_net_gen.GeneratedKernels(owner.src, owner.trial)
+    kernels.start(8)
+    assert kernels.wait(8, timeout=10) is None and kernels.get(8) is None
+    assert kernels.info[8]["status"] == "refused" and "NVRTC not found" in kernels.info[8]["reason"]
+    kernels.start(8)                                  # refused once: not tried again on every call
+    assert 8 not in kernels._pending and not fused_net_gen._running and not fused_net_gen._queue

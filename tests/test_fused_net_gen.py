@@ -89,7 +89,8 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
     for d in bound:
         if d["op"] == "conv":
             assert fused_net_gen._call(d) in dispatched
-            dispatched = dispatched.replace(fused_net_gen._call(d), fused_net_gen._CALLS["conv"], 1)
+            dispatched = dispatched.replace(fused_net_gen._call(d),
+                                            "conv_dispatch(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);", 1)
     assert dispatched != direct
 
     def code(text):

@@ -47,8 +47,7 @@ _STUBS = {"stddef.h": "typedef unsigned long size_t;\n",
 _OPS = {"conv": "CYDNN_NET_CONV", "linear": "CYDNN_NET_LINEAR", "max_pool": "CYDNN_NET_MAX_POOL",
         "avg_pool": "CYDNN_NET_AVG_POOL", "global_avg_pool": "CYDNN_NET_GLOBAL_AVG_POOL",
         "epilogue": "CYDNN_NET_EPILOGUE"}
-_CALLS = {"conv": "conv_dispatch(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);",
-          "linear": "linear_layer(L, cur, next, cluster, rank, RANKS);",
+_CALLS = {"linear": "linear_layer(L, cur, next, cluster, rank, RANKS);",
           "max_pool": "pool_layer(L, cur, next, cluster, rank, RANKS, true);",
           "avg_pool": "pool_layer(L, cur, next, cluster, rank, RANKS, false);",
           "global_avg_pool": "gap_layer(L, cur, next, cluster, rank, RANKS);",
@@ -162,20 +161,21 @@ def _options(arch):
     return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device"]
 
 
-def compile_cubin(text, arch=ARCH):
-    """NVRTC, in this process: ``text`` (with the library's headers) -> cubin bytes for ``arch``."""
+def _compile(text, arch, ptx):
     try:
-        return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch))
+        return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch), ptx=ptx)
     except _nvrtc_mod.NvrtcError as e:
         raise GenerationError(str(e)) from None
+
+
+def compile_cubin(text, arch=ARCH):
+    """NVRTC, in this process: ``text`` (with the library's headers) -> cubin bytes for ``arch``."""
+    return _compile(text, arch, False)
 
 
 def compile_ptx(text, arch="compute_90"):
     """NVRTC, in this process: ``text`` -> PTX (to read, or to compare two sources' code)."""
-    try:
-        return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch), ptx=True)
-    except _nvrtc_mod.NvrtcError as e:
-        raise GenerationError(str(e)) from None
+    return _compile(text, arch, True)
 
 
 class Generation:
@@ -186,7 +186,7 @@ class Generation:
     ``result()`` once done: the cubin, or raises the GenerationError."""
 
     def __init__(self, text, arch=ARCH):
-        self.text, self.cubin, self.error, self.seconds = text, None, None, None
+        self.cubin, self.error, self.seconds = None, None, None
         self._t0 = time.perf_counter()
         self._dir = tempfile.mkdtemp(prefix="cydnn-nvrtc-")
         self._out = os.path.join(self._dir, "kernel.cubin")

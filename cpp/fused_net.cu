@@ -23,6 +23,7 @@
 // summation order differs.
 #include <atomic>
 
+#include "cluster_launch.cuh"
 #include "common.cuh"
 #include "fused_net_layers.cuh"   // the layers (fused_net_conv.cuh: the convolutions) and one image's forward
 
@@ -116,8 +117,7 @@ cydnnStatus_t launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, n >= 1, "n must be >= 1, got %d", n);
-    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
-                  "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
+    CYDNN_REQUIRE(op, cydnn::cluster_size_ok(cluster), "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
     CYDNN_REQUIRE(op, k == nullptr || k->cluster == cluster,
                   "the generated kernel serves clusters of %d blocks, asked for %d", k ? k->cluster : 0, cluster);
     size_t smem = 0;
@@ -128,33 +128,20 @@ cydnnStatus_t launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int
     // its attributes when it is loaded.)
     static std::atomic<int> limit{0};
     if (limit.load() == 0) {
-        int l = 0, major = 0;
-        CYDNN_CUDA(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device));
-        CYDNN_REQUIRE(op, major >= 9, "the fused network needs thread-block clusters (compute capability 9.0 or "
-                      "newer), this device has %d.x", major);
-        CYDNN_CUDA(op, cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
-        CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            l - (int)(32 * sizeof(float))));
-        // 16 blocks a cluster: beyond the portable 8 (sm_90 has it)
-        CYDNN_CUDA(op, cudaFuncSetAttribute(fused_net_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        int l = 0;
+        const char *call = nullptr;
+        CYDNN_TRY(cydnn::cluster_smem_limit(op, ctx->device, &l));
+        const cudaError_t e = cydnn::cluster_attributes((const void *)fused_net_kernel, l, 32 * sizeof(float), &call);
+        if (e != cudaSuccess) return cydnn::cuda_failure(e, op, call);
         limit.store(l);
     }
     CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit.load(),
                   "the activations need %zu bytes of shared memory, the device has %d per block", smem,
                   limit.load());
     CYDNN_REQUIRE(op, (long)n * cluster <= 0x7fffffffL, "n = %d images are too many for one launch", n);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(n * cluster));
-    cfg.blockDim = dim3(kNetThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx->stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg =
+        cydnn::cluster_config((unsigned)(n * cluster), kNetThreads, smem, ctx->stream, cluster, attr);
     int buf_floats = (int)((smem / sizeof(float) - net->wcap) / 2);
     if (k == nullptr) {
         CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, fused_net_kernel, *net, x, n, y, buf_floats));
@@ -185,8 +172,7 @@ cydnnStatus_t cydnn_net_kernel_load(cydnnContext *ctx, const void *image, const 
     const char *op = "fused_net_kernel_load";
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, image != nullptr && name != nullptr && out != nullptr, "a pointer is NULL");
-    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
-                  "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
+    CYDNN_REQUIRE(op, cydnn::cluster_size_ok(cluster), "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
     *out = nullptr;
     auto *k = new (std::nothrow) cydnnNetKernel();
     if (k == nullptr) return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: no host memory", op);
@@ -202,15 +188,7 @@ cydnnStatus_t cydnn_net_kernel_load(cydnnContext *ctx, const void *image, const 
         e = cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
         call = "cudaDeviceGetAttribute";
     }
-    if (e == cudaSuccess) {
-        e = cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 l - (int)(32 * sizeof(float)));
-        call = "cudaFuncSetAttribute (shared memory)";
-    }
-    if (e == cudaSuccess) {
-        e = cudaFuncSetAttribute((const void *)k->kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        call = "cudaFuncSetAttribute (cluster size)";
-    }
+    if (e == cudaSuccess) e = cydnn::cluster_attributes((const void *)k->kernel, l, 32 * sizeof(float), &call);
     if (e != cudaSuccess) {
         cydnn_net_kernel_destroy(k);
         return cydnn::cuda_failure(e, op, call);

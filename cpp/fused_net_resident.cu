@@ -25,6 +25,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "cluster_launch.cuh"
 #include "common.cuh"
 
 // the loads of a kernel that outlives a call (fused_net_conv.cuh says why)
@@ -127,25 +128,16 @@ cydnnStatus_t launch(cydnnResident *r) {
     static std::atomic<int> attributes{0};
     if (!attributes.load()) {
         int l = 0;
-        CYDNN_CUDA(kOp, cudaDeviceGetAttribute(&l, cudaDevAttrMaxSharedMemoryPerBlockOptin, r->ctx->device));
-        CYDNN_CUDA(kOp, cudaFuncSetAttribute(fused_net_resident_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             l - (int)(64 * sizeof(float))));
-        CYDNN_CUDA(kOp, cudaFuncSetAttribute(fused_net_resident_kernel,
-                                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        const char *call = nullptr;
+        CYDNN_TRY(cydnn::cluster_smem_limit(kOp, r->ctx->device, &l));
+        const cudaError_t e =
+            cydnn::cluster_attributes((const void *)fused_net_resident_kernel, l, 64 * sizeof(float), &call);
+        if (e != cudaSuccess) return cydnn::cuda_failure(e, kOp, call);
         attributes.store(1);
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)r->cluster);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = r->smem;
-    cfg.stream = r->stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)r->cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg =
+        cydnn::cluster_config((unsigned)r->cluster, kThreads, r->smem, r->stream, r->cluster, attr);
     const unsigned long long id = r->launches + 1;
     CYDNN_CUDA(kOp, cudaLaunchKernelEx(&cfg, fused_net_resident_kernel, r->net, (const float *)r->dx, r->dy,
                                        r->buf_floats, r->dctl, r->seq - 1, id, r->idle_ns));
@@ -214,16 +206,12 @@ extern "C" cydnnStatus_t cydnn_resident_create(cydnnContext *ctx, const cydnnNet
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, out != nullptr, "a pointer is NULL");
     *out = nullptr;
-    CYDNN_REQUIRE(op, cluster == 1 || cluster == 2 || cluster == 4 || cluster == 8 || cluster == 16,
-                  "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
+    CYDNN_REQUIRE(op, cydnn::cluster_size_ok(cluster), "cluster must be 1, 2, 4, 8 or 16, got %d", cluster);
     CYDNN_REQUIRE(op, idle_us >= 1 && idle_us <= 10000000L, "idle_us must be in [1, 10000000], got %ld", idle_us);
     size_t smem = 0;
     CYDNN_TRY(cydnn_fused_net_check(net, &smem));
-    int major = 0, limit = 0;
-    CYDNN_CUDA(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device));
-    CYDNN_REQUIRE(op, major >= 9, "the fused network needs thread-block clusters (compute capability 9.0 or "
-                  "newer), this device has %d.x", major);
-    CYDNN_CUDA(op, cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
+    int limit = 0;
+    CYDNN_TRY(cydnn::cluster_smem_limit(op, ctx->device, &limit));
     CYDNN_REQUIRE(op, smem + 64 * sizeof(float) <= (size_t)limit,
                   "the activations need %zu bytes of shared memory, the device has %d per block", smem, limit);
     auto *r = new (std::nothrow) cydnnResident();

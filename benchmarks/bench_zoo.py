@@ -279,6 +279,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     p.add_argument("--infer-only", action="store_true", help="only the inference figures")
+    p.add_argument("--train-only", action="store_true", help="only the training figures")
     args = p.parse_args()
     cydnn.cuda.check_device(0)
     import torch
@@ -304,6 +305,12 @@ def main():
             print(f"{name:22s} b{b:<4d} compiled {comp:8.1f} us  per-op {perop:8.1f}  torch eager {eager:8.1f}  "
                   f"torch graph {graph:8.1f}  -> {graph / comp:5.2f}x vs graph  ({info['mode']}, "
                   f"{r['train'][b]['kernels']} kernels, compile {compile_s:.2f} s)", flush=True)
+            trial = next(iter(info.get("fused_train", {}).values()), {})
+            r["train"][b]["fused_train"] = {k: v for k, v in trial.items() if k in ("used", "reason", "timed_us",
+                                                                                   "cluster", "cluster_us")}
+            print(f"{'':22s}       fused step: {r['train'][b]['fused_train']}", flush=True)
+        if args.train_only:
+            continue
         r["infer"] = inference(name, True)
         i = r["infer"]
         print(f"{name:22s} timed (us) {i['fused_timed_us']}", flush=True)

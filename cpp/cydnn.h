@@ -584,6 +584,26 @@ void cydnn_net_kernel_destroy(cydnnNetKernel *k);
 cydnnStatus_t cydnn_fused_net_launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
                                      int cluster, const cydnnNetKernel *kernel);
 
+/* The fused training step (fused_train.cu): forward, softmax cross-entropy and backward of a batch on
+ * the fused network's table (no batch norm; at most one activation a layer; softmax 0), one
+ * thread-block cluster of `cluster` blocks per image with the image's activations in shared memory,
+ * then the weight and bias gradients of the batch in a fixed summation order: two kernels.  The
+ * optimizer update and the counters are the compiled step's (cydnn_flat_update, cydnn_step_bookkeeping).
+ * cydnn_fused_train_check: the shared memory a block needs and the scratch bytes of one step. */
+typedef struct {
+    int batch;
+    const float *x;                           /* (batch, in_size) */
+    const int32_t *labels;                    /* (batch); a label out of range gives NaN (loss and gradients) */
+    float *logits;                            /* (batch, out_size), written */
+    float *loss;                              /* the batch's mean cross-entropy, written */
+    float *grad_w[CYDNN_NET_MAX_LAYERS];      /* conv / linear layer l: dLoss/dweight, written */
+    float *grad_b[CYDNN_NET_MAX_LAYERS];      /* dLoss/dbias, written (NULL exactly where the layer has no bias) */
+    void *scratch;                            /* the check's scratch bytes (saved inputs, gradients, partial sums) */
+} cydnnNetTrain;
+cydnnStatus_t cydnn_fused_train_check(const cydnnNet *net, int batch, int cluster, size_t *smem_bytes,
+                                      size_t *scratch_bytes);
+cydnnStatus_t cydnn_fused_train_step(cydnnContext *ctx, const cydnnNet *net, const cydnnNetTrain *t, int cluster);
+
 /* The resident fused network (fused_net_resident.cu): one-image calls from host memory served by a
  * kernel that stays on the GPU between calls (no launch, no stream synchronisation), returning
  * after idle_us microseconds without a request.  One runs at a time per process.

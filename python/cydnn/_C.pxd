@@ -333,6 +333,18 @@ cdef extern from "cydnn.h" nogil:
     void cydnn_net_kernel_destroy(cydnnNetKernel *k)
     cydnnStatus_t cydnn_fused_net_launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int n, float *y,
                                          int cluster, const cydnnNetKernel *kernel)
+    ctypedef struct cydnnNetTrain:
+        int batch
+        const float *x
+        const int32_t *labels
+        float *logits
+        float *loss
+        float *grad_w[32]
+        float *grad_b[32]
+        void *scratch
+    cydnnStatus_t cydnn_fused_train_check(const cydnnNet *net, int batch, int cluster, size_t *smem_bytes,
+                                          size_t *scratch_bytes)
+    cydnnStatus_t cydnn_fused_train_step(cydnnContext *ctx, const cydnnNet *net, const cydnnNetTrain *t, int cluster)
     ctypedef struct cydnnResident:
         pass
     cydnnStatus_t cydnn_resident_create(cydnnContext *ctx, const cydnnNet *net, int cluster, long idle_us,

@@ -195,3 +195,61 @@ cdef class ResidentNet:
         if self.r != NULL:
             cydnn_resident_destroy(self.r)
             self.r = NULL
+
+
+cdef class FusedTrain:
+    """A training step's forward, loss and backward on a fused network's table (cpp/fused_train.cu): one
+    thread-block cluster of ``cluster`` blocks per image, then the batch's weight and bias gradients.
+
+    ``table``: a FusedNet of the network (logits out: softmax off; no batch norm); ``x`` (batch * in_size
+    floats), ``labels`` (batch int32), ``logits`` (batch * out_size floats, written), ``loss`` (one float,
+    written); ``grads``: per layer of the table, ``(dweight, dbias)`` DeviceArrays for a convolution or
+    linear layer (dbias None where the layer has no bias), ``None`` for the others.  The scratch is its own.
+    ``enqueue()`` launches the two kernels on the library's stream (capturable).
+    """
+    cdef cydnnNet net
+    cdef cydnnNetTrain t
+    cdef readonly int cluster, batch
+    cdef readonly size_t smem_bytes, scratch_bytes
+    cdef readonly object arrays
+
+    def __init__(self, FusedNet table not None, int batch, int cluster, DeviceArray x not None,
+                 DeviceArray labels not None, DeviceArray logits not None, DeviceArray loss not None,
+                 list grads not None):
+        self.net = table.net
+        check(cydnn_fused_train_check(&self.net, batch, cluster, &self.smem_bytes, &self.scratch_bytes),
+              "fused_train_step")
+        if (x.size < <size_t>batch * self.net.in_size or labels.size < <size_t>batch
+                or logits.size < <size_t>batch * self.net.out_size or loss.size < 1):
+            raise ValueError(f"fused_train_step: x of {x.size}, labels of {labels.size}, logits of {logits.size} "
+                             f"and loss of {loss.size} values cannot hold a batch of {batch} images of "
+                             f"{self.net.in_size} -> {self.net.out_size}")
+        if len(grads) != self.net.num_layers:
+            raise ValueError(f"fused_train_step: {len(grads)} gradient entries for {self.net.num_layers} layers")
+        memset(&self.t, 0, sizeof(cydnnNetTrain))
+        self.batch, self.cluster = batch, cluster
+        self.t.batch = batch
+        self.t.x = f32(x, "x")
+        self.t.labels = i32(labels, "labels")
+        self.t.logits = f32(logits, "logits")
+        self.t.loss = f32(loss, "loss")
+        cdef int i
+        for i, g in enumerate(grads):
+            if g is not None:
+                self.t.grad_w[i] = f32_or_null(g[0], "dweight")
+                self.t.grad_b[i] = f32_or_null(g[1], "dbias")
+        scratch = empty((max(1, (self.scratch_bytes + 3) // 4),))
+        self.t.scratch = <void *>f32(scratch, "scratch")
+        self.arrays = (table, x, labels, logits, loss, scratch, grads)
+
+    def clocks(self):
+        """The train kernel's phase ends on image 0 (ns, %globaltimer) of the last step run with
+        ``$CYDNN_FUSED_TRAIN_CLOCK=1`` (profiling): start, forward, saved inputs, loss, then the backward of
+        layer l at [4 + l] (what was not timed holds whatever the scratch held); then the end of the train
+        kernel's last block, the start of the weight kernel and the end of its last block."""
+        cdef DeviceArray scratch = self.arrays[5]
+        words = scratch.numpy().view(np.uint64)
+        return words[len(words) - (8 + CYDNN_NET_MAX_LAYERS):].copy()
+
+    def enqueue(self):
+        check(cydnn_fused_train_step(ctx(), &self.net, &self.t, self.cluster), "fused_train_step")

@@ -11,8 +11,9 @@ import numpy as np
 
 from .. import _C, nn
 from ..loop import reference_epoch
-from . import lenet
+from . import fused_train, lenet
 from .binding import _Runner, _batch_norms, _build_plan, _count_batches, log, module_buffers, signature
+from .executor import time_calls
 from .trace import Unsupported, trace
 from .train_step import LR_TABLE, FlatState, optimizer_reason
 
@@ -53,6 +54,7 @@ class CompiledStep:
         self._lenet = None
         self._lenet_reason = None
         self._num_classes = {}
+        self._fused_trials = {}   # (batch, input shape) -> what the fused step's trial found
         self.mode_used = None     # what ran the last epoch (train_epoch reports it)
 
     def _reference_reason(self):
@@ -85,8 +87,84 @@ class CompiledStep:
             given.update(module_buffers(self.model, plan))
             runner = _Runner(plan, given, self.cuda_graph and self.mode != "steps")
             runner.counted = [m for m in _batch_norms(plan)]
+            runner.key, runner.candidate = key, self._fused_candidate(key, plan, given)
             self._runners[key] = runner
         return runner
+
+    def _fused_candidate(self, key, plan, given):
+        """The fused step's runner for ``plan``'s network (fused_train.py), or None with the reason kept."""
+        if not self.fused:
+            self._fused_trials[key] = {"used": False, "reason": "fused kernels switched off (fused=False)"}
+            return None
+        if fused_train.mode() == "off":
+            self._fused_trials[key] = {"used": False, "reason": "switched off ($CYDNN_FUSED_TRAIN=off)"}
+            return None
+        layers = fused_train.describe_training(plan.nodes)
+        if isinstance(layers, str):
+            self._fused_trials[key] = {"used": False, "reason": layers}
+            return None
+        try:
+            fplan = fused_train.lower_fused_training(layers, plan.nodes, plan.batch, plan.log)
+            cand = _Runner(fplan, given, self.cuda_graph and self.mode != "steps")
+        except (_C.CydnnError, ValueError) as e:
+            self._fused_trials[key] = {"used": False, "reason": f"not bound: {e}"}
+            log.info("compile: fused step not used: %s", e)
+            return None
+        cand.counted, cand.key, cand.candidate = [], key, None
+        return cand
+
+    def _prepare(self, runner, x, y):
+        """First use of a plan: its capture self-test; where the fused step takes the network, that step's too,
+        then both run once from the same state (the same loss and gradients, or the fused one is dropped) and
+        are timed; the faster trains from now on (``$CYDNN_FUSED_TRAIN=force``: the fused one)."""
+        runner.prepare(self._snapshot, compare=("loss",))
+        self._note(runner)
+        cand, runner.candidate = runner.candidate, None
+        if cand is None:
+            return runner
+        try:
+            self._feed(cand, x, y)
+            cand.prepare(self._snapshot, compare=("loss",))
+            chosen, trial = self._trial(runner, cand)
+        except (_C.CydnnError, RuntimeError, ValueError) as e:
+            chosen, trial = runner, {"used": False, "reason": f"failed: {e}"}
+        step = cand.plan.steps[0]
+        trial.update(cluster=step.args.get("cluster"), cluster_us=step.args.get("timed_us"))
+        self._fused_trials[runner.key] = trial
+        if trial.get("reason"):
+            log.info("compile: fused step not used: %s", trial["reason"])
+        if chosen is cand:
+            self._runners[runner.key] = cand
+        return chosen
+
+    def _trial(self, plan_runner, fused_runner):
+        """(the runner to keep, what was found): one step of each from the same state, compared; then timed."""
+        restore = self._snapshot()
+        flat = self._flat
+        out = []
+        for r in (plan_runner, fused_runner):
+            r.launch()
+            out.append((float(r.bound.arrays["loss"].numpy()), flat.flat_grad.numpy(), flat.flat_param.numpy()))
+            restore()
+        (lp, gp, pp), (lf, gf, pf) = out
+        scale = float(np.max(np.abs(gp))) if gp.size else 0.0
+        gdiff = float(np.max(np.abs(gf - gp))) if gp.size else 0.0
+        trial = {"used": False, "loss": (lp, lf), "max_grad_diff": gdiff}
+        if not (abs(lf - lp) <= 1e-4 * max(1.0, abs(lp)) and gdiff <= 1e-3 * scale + 1e-7
+                and np.all(np.isfinite(gf)) == np.all(np.isfinite(gp))):
+            trial["reason"] = (f"self-test: the fused step's loss {lf} / gradients (max |diff| {gdiff:.3g} of "
+                               f"{scale:.3g}) differ from the plan's ({lp})")
+            return plan_runner, trial
+        times = {}
+        for name, r in (("plan", plan_runner), ("fused", fused_runner)):
+            times[name] = time_calls(r.launch, 20)
+            restore()
+        trial["timed_us"] = {k: round(1e6 * t, 1) for k, t in times.items()}
+        use = fused_train.mode() == "force" or times["fused"] < times["plan"]
+        trial["used"] = bool(use)
+        if not use:
+            trial["reason"] = "the plan's graph measured faster"
+        return (fused_runner if use else plan_runner), trial
 
     def _replan(self):
         """(Re)bind: flat buffers from the model's current parameters; plans made again on use."""
@@ -118,8 +196,7 @@ class CompiledStep:
         self._feed(runner, x, y)
         self._flat.set_lr(self.optimizer.lr)
         if not runner.ready:
-            runner.prepare(self._snapshot, compare=("loss",))
-            self._note(runner)
+            runner = self._prepare(runner, x, y)
         runner.launch()
         for st in self.optimizer.state:
             st["step"] += 1
@@ -232,8 +309,7 @@ class CompiledStep:
                 self._flat.set_schedule(lrs, first=i)
             self._feed(runner, x, y)
             if not runner.ready:
-                runner.prepare(self._snapshot, compare=("loss",))
-                self._note(runner)
+                runner = self._prepare(runner, x, y)
                 self.mode_used = "steps" if not runner.use_graph else self.mode_used
             runner.launch()
             _count_batches(runner.counted, 1)
@@ -308,10 +384,13 @@ class CompiledStep:
     def info(self):
         """mode and reason (see the class docstring); ``lenet``: why an epoch does not run on the LeNet-5
         kernels (None when it does or was not tried); ``graphs``: the LeNet-5 epoch graphs, (batch, steps) ->
-        kernels; ``plans``: (batch, input shape) -> kernels of the plan's graph (None: launched step by step)."""
+        kernels; ``plans``: (batch, input shape) -> kernels of the plan's graph (None: launched step by step);
+        ``fused_train``: (batch, input shape) -> whether the fused step (fused_train.py) trains, its trial's
+        loss, gradient difference and times, or why not."""
         return {"mode": self.mode, "reason": self.reason, "batch_size": self.batch_size,
                 "lenet": self._lenet_reason,
                 "graphs": dict((k, g.kernel_count) for k, g in self._lenet.graphs.items()) if self._lenet else {},
                 "plans": {k: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
                           for k, r in self._runners.items()},
-                "kernels_per_step": {k: r.plan.kernel_count() for k, r in self._runners.items()}}
+                "kernels_per_step": {k: r.plan.kernel_count() for k, r in self._runners.items()},
+                "fused_train": dict(self._fused_trials)}

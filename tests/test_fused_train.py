@@ -1,0 +1,214 @@
+"""The fused training step (cpp/fused_train.cu, compiler/fused_train.py): forward, loss and backward of a
+batch in two kernels.
+
+CPU: which networks it takes (and why not), its plan, its switch.  GPU: one step's loss and every gradient
+against the generic plan's (itself tested against the per-op path in test_compiler.py) at every cluster
+size on networks that exercise each backward rule (overlapping max and average windows, strides, padding,
+no bias, a pooling before the first weights, 1x1 to 7x7 kernels, every activation); 20 steps of each
+optimizer; the trial that picks the plan (``info()``); what it refuses and the argument checks.
+"""
+import numpy as np
+import pytest
+
+import cydnn
+from cydnn import _C, nn, optim
+from cydnn.compiler import fused_train
+from cydnn.compiler.trace import trace
+
+from test_compiler import ZOO, _batches
+
+gpu = pytest.mark.gpu
+
+
+def pool_first(rng=0):
+    return nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(1, 4, 3, padding=1, rng=rng), nn.LeakyReLU(0.1), nn.Flatten(),
+                         nn.Linear(4 * 14 * 14, 10, rng=rng))
+
+
+def odd(rng=0):
+    """7x7 without bias, overlapping average windows with padding, 1x1, overlapping max windows, 7 classes."""
+    return nn.Sequential(nn.Conv2d(2, 6, 7, padding=3, bias=False, rng=rng), nn.Tanh(),
+                         nn.AvgPool2d(3, stride=2, padding=1), nn.Conv2d(6, 5, 1, rng=rng), nn.ReLU(),
+                         nn.MaxPool2d(3, stride=2), nn.Flatten(), nn.Linear(5 * 3 * 3, 7, rng=rng))
+
+
+def gap(rng=0):
+    return nn.Sequential(nn.Conv2d(3, 8, 3, rng=rng), nn.ReLU(), nn.Conv2d(8, 12, 4, stride=2, padding=1, rng=rng),
+                         nn.Sigmoid(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 10, bias=False, rng=rng))
+
+
+def mlp_acts(rng=0):
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 64, rng=rng), nn.Sigmoid(), nn.Linear(64, 48, rng=rng),
+                         nn.Tanh(), nn.Linear(48, 10, rng=rng))
+
+
+NETS = {"lenet_widths": ZOO["lenet_widths"], "mlp": ZOO["mlp"], "allconv": ZOO["allconv"],
+        "pool_first": (pool_first, (1, 28, 28)), "odd": (odd, (2, 15, 15)), "gap": (gap, (3, 12, 12)),
+        "mlp_acts": (mlp_acts, (1, 28, 28))}
+
+
+# ---------------------------------------------------------------------- CPU
+def test_the_networks_it_takes_and_the_reasons_for_the_others():
+    for name, (make, shape) in NETS.items():
+        assert isinstance(fused_train.describe_training(trace(make(), shape, 4)), list), name
+    reason = fused_train.describe_training(trace(ZOO["cnn_bn"][0](), (3, 16, 16), 4))
+    assert "batch norm" in reason and "layer 1" in reason
+    reason = fused_train.describe_training(trace(ZOO["mlp"][0](dropout=0.5), (1, 28, 28), 4))
+    assert "dropout (p=0.5)" in reason
+    wide = nn.Sequential(nn.Conv2d(1, 2, (3, 5)), nn.Flatten(), nn.Linear(2 * 26 * 24, 3))
+    assert "3x5 kernel" in fused_train.describe_training(trace(wide, (1, 28, 28), 4))
+    planes = nn.Sequential(nn.Conv2d(1, 2, 3))
+    assert "cross-entropy needs (N, classes)" in fused_train.describe_training(trace(planes, (1, 8, 8), 4))
+    big = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.Flatten(), nn.Linear(64 * 64 * 64, 2))
+    assert "shared memory" in fused_train.describe_training(trace(big, (3, 64, 64), 1))
+    assert fused_train.describe_training(trace(nn.Sequential(nn.MaxPool2d(2), nn.Flatten()), (1, 4, 4), 1)) \
+        == "the network has no weights to train"
+
+
+def test_its_plan_is_three_steps_of_four_kernels():
+    nodes = trace(ZOO["lenet_widths"][0](), (1, 28, 28), 64)
+    plan = fused_train.lower_fused_training(fused_train.describe_training(nodes), nodes, 64)
+    assert [s.kind for s in plan.steps] == ["fused_train", "flat_update", "step_bookkeeping"]
+    assert plan.kernel_count() == 4
+    text = plan.explain()
+    assert "fused_train_kernel + fused_weight_kernel" in text and "d:7.weight" in text
+    assert plan.buffers["logits"].shape == (64, 10) and plan.arena_bytes >= 64 * 10 * 4
+
+
+def test_the_switch(monkeypatch):
+    assert fused_train.mode({}) == "auto"
+    assert fused_train.mode({"CYDNN_FUSED_TRAIN": "force"}) == "force"
+    assert fused_train.mode({"CYDNN_FUSED_TRAIN": " off "}) == "off"
+    with pytest.raises(ValueError, match="CYDNN_FUSED_TRAIN must be auto, force or off, got 'yes'"):
+        fused_train.mode({"CYDNN_FUSED_TRAIN": "yes"})
+
+
+# ---------------------------------------------------------------------- GPU
+def _step(make, shape, opt, env, monkeypatch, batch=64, **kw):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    model = make().to("cuda")
+    step = cydnn.compile(model, opt(model.parameters()), batch_size=batch, input_shape=shape, **kw)
+    return model, step
+
+
+def _nudged(model):
+    for p in model.parameters():                 # every weight one ulp up, before the upload
+        p.data = np.nextafter(p.data, np.float32(np.inf))
+    return model
+
+
+def _grads(model):
+    return {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.parametrize("cluster", fused_train.CLUSTERS)
+def test_one_step_gives_the_plans_loss_and_gradients(name, cluster, monkeypatch):
+    make, shape = NETS[name]
+    classes = trace(make(), shape, 1)[-1].out_shape[1]
+    (x, y), = _batches(shape, classes=classes, steps=1, batch=48)
+    sgd0 = lambda p: optim.SGD(p, lr=0.0)                      # noqa: E731
+    ref, ref_step = _step(make, shape, sgd0, {"CYDNN_FUSED_TRAIN": "off"}, monkeypatch, batch=48)
+    want = float(ref_step(x, y))
+    model, step = _step(make, shape, sgd0, {"CYDNN_FUSED_TRAIN": "force",
+                                            "CYDNN_FUSED_TRAIN_CLUSTER": str(cluster)}, monkeypatch, batch=48)
+    got = float(step(x, y))
+    trial = step.info()["fused_train"][(48, shape)]
+    assert trial["used"] and trial["cluster"] == cluster, trial
+    assert step.info()["kernels_per_step"][(48, shape)] == 4
+    assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (got, want)
+    ref_g, g = _grads(ref), _grads(model)
+    for n in ref_g:
+        scale = np.abs(ref_g[n]).max()
+        assert np.abs(g[n] - ref_g[n]).max() <= 1e-4 * scale + 1e-8, (n, np.abs(g[n] - ref_g[n]).max(), scale)
+
+
+@gpu
+@pytest.mark.parametrize("name", ["lenet_widths", "odd", "gap", "mlp_acts"])
+@pytest.mark.parametrize("make_opt", [lambda p: optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+                                      lambda p: optim.Adam(p, lr=1e-3),
+                                      lambda p: optim.AdamW(p, lr=1e-3, weight_decay=0.01)],
+                         ids=["sgd", "adam", "adamw"])
+def test_twenty_steps_follow_the_plan(name, make_opt, monkeypatch):
+    """The fused step and the generic plan from the same weights over the same 20 batches stay within ten times
+    the distance the plan travels from itself when only the rounding changes (the batches' rows in another order;
+    the initial weights one ulp up): each step's rounding differs, and training -- Adam's normalisation above
+    all -- carries it on (test_compiler.py's rule for the compiled path against the per-op one)."""
+    make, shape = NETS[name]
+    classes = trace(make(), shape, 1)[-1].out_shape[1]
+    batches = _batches(shape, classes=classes, steps=20)
+    order = np.random.default_rng(5).permutation(64)
+    ref, ref_step = _step(make, shape, make_opt, {"CYDNN_FUSED_TRAIN": "off"}, monkeypatch)
+    want = [float(ref_step(x, y)) for x, y in batches]
+    other, other_step = _step(make, shape, make_opt, {"CYDNN_FUSED_TRAIN": "off"}, monkeypatch)
+    spread = [float(other_step(x[order], y[order])) for x, y in batches]
+    nudged, nudged_step = _step(lambda: _nudged(make()), shape, make_opt, {"CYDNN_FUSED_TRAIN": "off"}, monkeypatch)
+    spread2 = [float(nudged_step(x, y)) for x, y in batches]
+    model, step = _step(make, shape, make_opt, {"CYDNN_FUSED_TRAIN": "force"}, monkeypatch)
+    got = [float(step(x, y)) for x, y in batches]
+    assert step.info()["fused_train"][(64, shape)]["used"]
+    self_loss = np.maximum.accumulate(np.maximum(np.abs(np.subtract(spread, want)), np.abs(np.subtract(spread2, want))))
+    assert np.all(np.abs(np.subtract(got, want)) <= 10 * self_loss + 2e-5 * np.abs(want)), (got, want, self_loss)
+    for (n, a), (_, b), (_, c), (_, d) in zip(model.named_parameters(), ref.named_parameters(),
+                                              other.named_parameters(), nudged.named_parameters()):
+        want_p = b.data.numpy()
+        self_diff = max(np.abs(c.data.numpy() - want_p).max(), np.abs(d.data.numpy() - want_p).max())
+        assert np.abs(a.data.numpy() - want_p).max() <= 10 * self_diff + 1e-6, n
+
+
+@gpu
+def test_the_trial_keeps_the_faster_and_says_so(monkeypatch):
+    make, shape = NETS["lenet_widths"]
+    monkeypatch.delenv("CYDNN_FUSED_TRAIN", raising=False)
+    model = make().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.01), batch_size=64)
+    (x, y), = _batches(shape, steps=1)
+    step(x, y)
+    trial = step.info()["fused_train"][(64, shape)]
+    assert set(trial["timed_us"]) == {"plan", "fused"} and trial["max_grad_diff"] <= 1e-3
+    faster = trial["timed_us"]["fused"] < trial["timed_us"]["plan"]
+    assert trial["used"] == faster and (faster or trial["reason"] == "the plan's graph measured faster")
+    assert (step.info()["kernels_per_step"][(64, shape)] == 4) == faster
+
+
+@gpu
+def test_what_it_refuses_trains_on_the_plan(monkeypatch):
+    monkeypatch.setenv("CYDNN_FUSED_TRAIN", "force")
+    make, shape = ZOO["cnn_bn"]
+    model = make().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.01), batch_size=16)
+    (x, y), = _batches(shape, steps=1, batch=16)
+    assert np.isfinite(float(step(x, y)))
+    trial = step.info()["fused_train"][(16, shape)]
+    assert not trial["used"] and "batch norm" in trial["reason"]
+    model = make().to("cuda")
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.01), batch_size=16, fused=False)
+    step(x, y)
+    assert step.info()["fused_train"][(16, shape)]["reason"] == "fused kernels switched off (fused=False)"
+
+
+@gpu
+def test_the_step_object_checks_its_arguments():
+    make, shape = NETS["mlp"]
+    model = make().to("cuda")
+    nodes = trace(model, shape, 4)
+    layers = fused_train.describe_training(nodes)
+    arrays = {n: p.data for n, p in model.named_parameters()}
+    arrays.update({"d:" + n: _C.empty(p.shape) for n, p in model.named_parameters()})
+    table, grads = fused_train._table(layers, arrays, 1, 784, 10)
+    x, labels, logits, loss = _C.empty((4, 784)), _C.zeros((4,), np.int32), _C.empty((4, 10)), _C.empty((1,))
+    with pytest.raises(ValueError, match="1 gradient entries for 2 layers"):
+        _C.FusedTrain(table, 4, 1, x, labels, logits, loss, grads[:1])
+    with pytest.raises(ValueError, match="cannot hold a batch of 8 images of 784 -> 10"):
+        _C.FusedTrain(table, 8, 1, x, labels, logits, loss, grads)
+    with pytest.raises(_C.CydnnError, match="cluster must be 1, 2, 4, 8 or 16, got 3"):
+        _C.FusedTrain(table, 4, 3, x, labels, logits, loss, grads)
+    bad = list(grads)
+    bad[0] = (grads[0][0], None)         # the layer has a bias: its gradient must be given
+    step = _C.FusedTrain(table, 4, 1, x, labels, logits, loss, bad)
+    with pytest.raises(_C.CydnnError, match="layer 0: a bias gradient must be given exactly where"):
+        step.enqueue()
+    _C.FusedTrain(table, 4, 1, x, labels, logits, loss, grads).enqueue()
+    _C.synchronize()

@@ -5,6 +5,8 @@
 // generated forward), fused_net_resident.cu and fused_train.cu.
 #pragma once
 
+#include <atomic>
+
 #include "common.cuh"
 
 namespace cydnn {
@@ -30,6 +32,21 @@ inline cudaError_t cluster_attributes(const void *kernel, int limit, int reserve
     if (e != cudaSuccess) return e;
     *call = "cudaFuncSetAttribute (cluster size)";
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+}
+
+// Once per kernel (`done` its flag): the device's limit into *limit and the kernel's attributes, for a kernel
+// launched from the library (a launch of a few microseconds: attribute calls on every launch would cost a
+// measurable part of it).  Racing threads set the same values.
+inline cydnnStatus_t cluster_prepare_once(const char *op, int device, const void *kernel, int reserved,
+                                          std::atomic<int> &limit) {
+    if (limit.load() != 0) return CYDNN_STATUS_SUCCESS;
+    int l = 0;
+    const char *call = nullptr;
+    CYDNN_TRY(cluster_smem_limit(op, device, &l));
+    const cudaError_t e = cluster_attributes(kernel, l, reserved, &call);
+    if (e != cudaSuccess) return cuda_failure(e, op, call);
+    limit.store(l);
+    return CYDNN_STATUS_SUCCESS;
 }
 
 // The configuration of a launch of `blocks` blocks of `threads` threads in clusters of `cluster`

@@ -127,14 +127,7 @@ cydnnStatus_t launch(cydnnContext *ctx, const cydnnNet *net, const float *x, int
     // Both calls are idempotent, so two threads racing here do no harm.  (A generated kernel gets
     // its attributes when it is loaded.)
     static std::atomic<int> limit{0};
-    if (limit.load() == 0) {
-        int l = 0;
-        const char *call = nullptr;
-        CYDNN_TRY(cydnn::cluster_smem_limit(op, ctx->device, &l));
-        const cudaError_t e = cydnn::cluster_attributes((const void *)fused_net_kernel, l, 32 * sizeof(float), &call);
-        if (e != cudaSuccess) return cydnn::cuda_failure(e, op, call);
-        limit.store(l);
-    }
+    CYDNN_TRY(cydnn::cluster_prepare_once(op, ctx->device, (const void *)fused_net_kernel, 32 * sizeof(float), limit));
     CYDNN_REQUIRE(op, smem + 32 * sizeof(float) <= (size_t)limit.load(),
                   "the activations need %zu bytes of shared memory, the device has %d per block", smem,
                   limit.load());

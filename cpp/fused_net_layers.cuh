@@ -151,30 +151,35 @@ CYDNN_NET_FN void load_input(const float *src, long in_size, float *cur, cg::clu
 }
 
 
-// Rank 0's last step: y (out_size values) from the last activation `cur`, softmax'd where asked
-// (block reductions through red: 32 floats of the block's shared memory).
-CYDNN_NET_FN void write_output(const float *cur, float *y, long out_size, bool softmax, float *red) {
-    if (!softmax) {
-        for (long i = threadIdx.x; i < out_size; i += blockDim.x) y[i] = cur[i];
-        return;
-    }
-    // softmax over the outputs: the maximum, then the sum of exponentials (block reductions)
+// The maximum m of z[0..n) and the sum s of exp(z - m), by block reductions through red (32 floats of
+// the block's shared memory); every thread gets both.
+CYDNN_NET_FN void softmax_stats(const float *z, long n, float *red, float &m, float &s) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float m = -INFINITY;
-    for (long i = threadIdx.x; i < out_size; i += blockDim.x) m = fmaxf(m, cur[i]);
+    m = -INFINITY;
+    for (long i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, z[i]);
     for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     if (lane == 0) red[warp] = m;
     __syncthreads();
     m = -INFINITY;
     for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
     __syncthreads();
-    float s = 0.0f;
-    for (long i = threadIdx.x; i < out_size; i += blockDim.x) s += expf(cur[i] - m);
+    s = 0.0f;
+    for (long i = threadIdx.x; i < n; i += blockDim.x) s += expf(z[i] - m);
     for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) red[warp] = s;
     __syncthreads();
     s = 0.0f;
     for (int w = 0; w < warps; ++w) s += red[w];
+}
+
+// Rank 0's last step: y (out_size values) from the last activation `cur`, softmax'd where asked.
+CYDNN_NET_FN void write_output(const float *cur, float *y, long out_size, bool softmax, float *red) {
+    if (!softmax) {
+        for (long i = threadIdx.x; i < out_size; i += blockDim.x) y[i] = cur[i];
+        return;
+    }
+    float m, s;
+    softmax_stats(cur, out_size, red, m, s);
     for (long i = threadIdx.x; i < out_size; i += blockDim.x) y[i] = expf(cur[i] - m) / s;
 }
 

@@ -125,16 +125,9 @@ unsigned long long load(const unsigned long long *p) { return __atomic_load_n(p,
 bool running(const cydnnResident *r) { return r->launches > 0 && load(r->hctl + 2) != r->launches; }
 
 cydnnStatus_t launch(cydnnResident *r) {
-    static std::atomic<int> attributes{0};
-    if (!attributes.load()) {
-        int l = 0;
-        const char *call = nullptr;
-        CYDNN_TRY(cydnn::cluster_smem_limit(kOp, r->ctx->device, &l));
-        const cudaError_t e =
-            cydnn::cluster_attributes((const void *)fused_net_resident_kernel, l, 64 * sizeof(float), &call);
-        if (e != cudaSuccess) return cydnn::cuda_failure(e, kOp, call);
-        attributes.store(1);
-    }
+    static std::atomic<int> limit{0};
+    CYDNN_TRY(cydnn::cluster_prepare_once(kOp, r->ctx->device, (const void *)fused_net_resident_kernel,
+                                          64 * sizeof(float), limit));
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg =
         cydnn::cluster_config((unsigned)r->cluster, kThreads, r->smem, r->stream, r->cluster, attr);

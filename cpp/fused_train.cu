@@ -163,7 +163,11 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
     Y.smem = sizeof(float) * (size_t)(t.wbuf + net->wcap);
     // scratch: row losses, saved inputs and output gradients, partial sums, tickets (16-byte aligned each)
     size_t s = 0;
-    auto take = [&](long floats) { char *p = base ? base + s : nullptr; s += sizeof(float) * round4(floats); return p; };
+    auto take = [&](long floats) {
+        char *p = base ? base + s : nullptr;
+        s += sizeof(float) * round4(floats);
+        return p;
+    };
     t.row_loss = (float *)take(batch);
     WArgs &w = Y.w;
     w.batch = batch;
@@ -531,15 +535,9 @@ cydnnStatus_t cydnn_fused_train_step(cydnnContext *ctx, const cydnnNet *net, con
     Y.t.labels = t->labels;
     Y.t.logits = t->logits;
     Y.w.loss = t->loss;
-    static std::atomic<int> limit{0};     // set once; racing threads set the same values
-    if (limit.load() == 0) {
-        int l = 0;
-        const char *call = nullptr;
-        CYDNN_TRY(cydnn::cluster_smem_limit(op, ctx->device, &l));
-        const cudaError_t e = cydnn::cluster_attributes((const void *)fused_train_kernel, l, 32 * sizeof(float), &call);
-        if (e != cudaSuccess) return cydnn::cuda_failure(e, op, call);
-        limit.store(l);
-    }
+    static std::atomic<int> limit{0};
+    CYDNN_TRY(cydnn::cluster_prepare_once(op, ctx->device, (const void *)fused_train_kernel, 32 * sizeof(float),
+                                          limit));
     CYDNN_REQUIRE(op, Y.smem + 32 * sizeof(float) <= (size_t)limit.load(),
                   "one image's activations and gradients need %zu bytes of shared memory, the device has %d per "
                   "block", Y.smem, limit.load());

@@ -301,22 +301,8 @@ __device__ void layer_backward_input(const cydnnNetLayer &L, const float *in, co
 // range); rank 0 also writes the logits and the image's loss.  red: 32 floats of shared memory.
 __device__ void loss_backward(const float *z, long n, int label, int batch, float *g, float *logits_out,
                               float *row_loss, bool writer, float *red) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float m = -INFINITY;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, z[i]);
-    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    m = -INFINITY;
-    for (int w = 0; w < warps; ++w) m = fmaxf(m, red[w]);
-    __syncthreads();
-    float s = 0.0f;
-    for (long i = threadIdx.x; i < n; i += blockDim.x) s += expf(z[i] - m);
-    for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (lane == 0) red[warp] = s;
-    __syncthreads();
-    s = 0.0f;
-    for (int w = 0; w < warps; ++w) s += red[w];
+    float m, s;
+    softmax_stats(z, n, red, m, s);
     const bool good = label >= 0 && label < n;
     const float nb = (float)batch;
     for (long i = threadIdx.x; i < n; i += blockDim.x) {

@@ -193,9 +193,13 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
             W.chunks = 1;
             W.blocks = (long)((L.k + 31) / 32) * ((L.c + 63) / 64);
         } else {
+            // the batch's images split into chunks of about kTermsPerBlock terms (image x output position)
             const long terms = (long)batch * L.oh * L.ow;
             long chunks = (terms + kTermsPerBlock - 1) / kTermsPerBlock;
-            W.chunks = (int)(chunks < 1 ? 1 : (chunks > kMaxChunks ? kMaxChunks : chunks));
+            chunks = chunks < 1 ? 1 : (chunks > kMaxChunks ? kMaxChunks : chunks);
+            if (chunks > batch) chunks = batch;
+            const long per = (batch + chunks - 1) / chunks;
+            W.chunks = (int)((batch + per - 1) / per);          // no empty chunk
             const long items = (long)L.k * L.c;
             W.blocks = items * W.chunks;
             if (W.chunks > 1) {
@@ -313,39 +317,50 @@ __device__ void block_sums(const float (&v)[N], float *red, float *out) {
     __syncthreads();
 }
 
-// A convolution's work item (k, c), chunk `chunk` of its terms (image, output position): the sums of
-// d * x over the KS * KS taps, and of d (the bias: the item with c == 0 writes it), into res.
+// A convolution's work item (k, c), chunk `chunk` of the batch's images: the sums over (image, output
+// position) of d * x for the KS * KS taps, and of d (the bias: the item with c == 0 writes it), into res.
+// A thread owns output positions (p0, p0 + P, ...) and every S-th image of the chunk: a position's taps,
+// their bounds and their offsets are worked out once and serve every image (the loop over images is a
+// load of d, KS * KS loads of x and as many multiply-adds).  The mapping is fixed: the same sums every run.
 template <int KS>
 __device__ void conv_weight_sums(const WLayer &W, int batch, const float *x, long item, int chunk, float *red,
                                  float *res) {
     constexpr int T = KS * KS;
     const int k = (int)(item / W.c), c = (int)(item - (long)k * W.c);
     const int plane = W.oh * W.ow;
-    const long terms = (long)batch * plane;
-    const long per = (terms + W.chunks - 1) / W.chunks;
-    const long t0 = per * chunk, t1 = t0 + per < terms ? t0 + per : terms;
+    const int per = (batch + W.chunks - 1) / W.chunks;
+    const int n0 = per * chunk, n1 = n0 + per < batch ? n0 + per : batch;
+    const int P = plane < (int)blockDim.x ? plane : (int)blockDim.x;
+    const int S = (int)blockDim.x / P;
     float acc[T + 1];
 #pragma unroll
     for (int i = 0; i <= T; ++i) acc[i] = 0.0f;
-    for (long t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-        const int n = (int)(t / plane);
-        const int p = (int)(t - (long)n * plane);
-        const int oy = p / W.ow, ox = p - (p / W.ow) * W.ow;
-        const float dy = W.d[(long)n * W.out_stride + (long)k * plane + p];
-        const float *xp = x + (long)n * W.in_stride + (long)c * W.h * W.w;
-        const int iy0 = oy * W.sh - W.ph, ix0 = ox * W.sw - W.pw;
+    if ((int)threadIdx.x < P * S) {
+        const int s = (int)threadIdx.x / P;
+        for (int p = (int)threadIdx.x % P; p < plane; p += P) {
+            const int oy = p / W.ow, ox = p - (p / W.ow) * W.ow;
+            const int iy0 = oy * W.sh - W.ph, ix0 = ox * W.sw - W.pw;
+            unsigned long long valid = 0;            // tap ky * KS + kx inside the plane
 #pragma unroll
-        for (int ky = 0; ky < KS; ++ky) {
-            const int iy = iy0 + ky;
-            const bool row = iy >= 0 && iy < W.h;
+            for (int ky = 0; ky < KS; ++ky)
 #pragma unroll
-            for (int kx = 0; kx < KS; ++kx) {
-                const int ix = ix0 + kx;
-                const float xv = row && ix >= 0 && ix < W.w ? __ldg(xp + (long)iy * W.w + ix) : 0.0f;
-                acc[ky * KS + kx] = fmaf(dy, xv, acc[ky * KS + kx]);
+                for (int kx = 0; kx < KS; ++kx)
+                    if (iy0 + ky >= 0 && iy0 + ky < W.h && ix0 + kx >= 0 && ix0 + kx < W.w)
+                        valid |= 1ull << (ky * KS + kx);
+            const long base = (long)c * W.h * W.w + (long)iy0 * W.w + ix0;   // tap (0, 0), maybe outside
+            const float *dp = W.d + (long)k * plane + p;
+            for (int n = n0 + s; n < n1; n += S) {
+                const float dy = dp[(long)n * W.out_stride];
+                const float *xp = x + (long)n * W.in_stride + base;
+#pragma unroll
+                for (int ky = 0; ky < KS; ++ky)
+#pragma unroll
+                    for (int kx = 0; kx < KS; ++kx)
+                        if (valid >> (ky * KS + kx) & 1ull)
+                            acc[ky * KS + kx] = fmaf(dy, __ldg(xp + ky * W.w + kx), acc[ky * KS + kx]);
+                acc[T] += dy;
             }
         }
-        acc[T] += dy;
     }
     block_sums<T + 1>(acc, red, res);
 }
@@ -386,6 +401,8 @@ __device__ void linear_weight_grad(const WLayer &W, int batch, const float *x, l
     float *sd = sm, *sx = sm + 32 * 32;
     const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
     float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    float bias[2] = {0.0f, 0.0f};                  // tiles of the first column, lanes tx == 0: sum_n d[n, o]
+    const bool sums_bias = i0 == 0 && W.gb != nullptr && tx == 0;
     for (int n0 = 0; n0 < batch; n0 += 32) {
         for (int e = threadIdx.x; e < 32 * 32; e += blockDim.x) {
             const int n = n0 + e / 32, o = o0 + e % 32;
@@ -408,6 +425,10 @@ __device__ void linear_weight_grad(const WLayer &W, int batch, const float *x, l
             acc[1][1] = fmaf(d1, v.y, acc[1][1]);
             acc[1][2] = fmaf(d1, v.z, acc[1][2]);
             acc[1][3] = fmaf(d1, v.w, acc[1][3]);
+            if (sums_bias) {
+                bias[0] += d0;
+                bias[1] += d1;
+            }
         }
         __syncthreads();
     }
@@ -420,14 +441,10 @@ __device__ void linear_weight_grad(const WLayer &W, int batch, const float *x, l
             if (o < W.k && i < W.c) W.gw[(long)o * W.c + i] = acc[a][q];
         }
     }
-    if (i0 == 0 && W.gb != nullptr)
-        for (int oo = threadIdx.x; oo < 32; oo += blockDim.x) {
-            const int o = o0 + oo;
-            if (o >= W.k) continue;
-            float s = 0.0f;
-            for (int n = 0; n < batch; ++n) s += W.d[(long)n * W.out_stride + o];
-            W.gb[o] = s;
-        }
+    if (sums_bias)
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+            if (o0 + 2 * ty + a < W.k) W.gb[o0 + 2 * ty + a] = bias[a];
 }
 
 template <int KS>

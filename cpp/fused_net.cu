@@ -25,7 +25,8 @@
 
 #include "cluster_launch.cuh"
 #include "common.cuh"
-#include "fused_net_layers.cuh"   // the layers (fused_net_conv.cuh: the convolutions) and one image's forward
+#include "fused_net_layers.cuh"
+#include "fused_net_table.cuh"   // the layers (fused_net_conv.cuh: the convolutions) and one image's forward
 
 namespace {
 
@@ -50,18 +51,6 @@ __global__ void __launch_bounds__(kNetThreads)
 #endif
 }
 
-long layer_in(const cydnnNetLayer &L) { return (long)L.c * L.h * L.w; }
-
-long layer_out(const cydnnNetLayer &L) {
-    switch (L.op) {
-        case CYDNN_NET_LINEAR: return L.k;
-        case CYDNN_NET_CONV: return (long)L.k * L.oh * L.ow;
-        case CYDNN_NET_GLOBAL_AVG_POOL: return L.c;
-        case CYDNN_NET_EPILOGUE: return layer_in(L);
-        default: return (long)L.c * L.oh * L.ow;
-    }
-}
-
 }  // namespace
 
 cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
@@ -75,8 +64,8 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
         CYDNN_REQUIRE(op, L.op >= CYDNN_NET_CONV && L.op <= CYDNN_NET_EPILOGUE, "layer %d: unknown op %d", l, L.op);
         CYDNN_REQUIRE(op, L.c >= 1 && L.h >= 1 && L.w >= 1, "layer %d: input (%d, %d, %d) must be positive",
                       l, L.c, L.h, L.w);
-        CYDNN_REQUIRE(op, layer_in(L) == prev, "layer %d takes %ld values, the layer before gives %ld",
-                      l, layer_in(L), prev);
+        CYDNN_REQUIRE(op, cydnn::net_layer_in(L) == prev,
+                      "layer %d takes %ld values, the layer before gives %ld", l, cydnn::net_layer_in(L), prev);
         if (L.op == CYDNN_NET_CONV || L.op == CYDNN_NET_LINEAR)
             CYDNN_REQUIRE(op, L.weight != nullptr && L.k >= 1, "layer %d: no weight or no outputs", l);
         if (L.op != CYDNN_NET_LINEAR && L.op != CYDNN_NET_GLOBAL_AVG_POOL && L.op != CYDNN_NET_EPILOGUE)
@@ -90,7 +79,7 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
             if (L.epi[s] == CYDNN_NET_EPI_BN)
                 CYDNN_REQUIRE(op, L.bn_mean && L.bn_var && L.bn_weight && L.bn_bias,
                               "layer %d: batch norm without its arrays", l);
-        prev = layer_out(L);
+        prev = cydnn::net_layer_out(L);
         if (prev > width) width = prev;
     }
     CYDNN_REQUIRE(op, prev == net->out_size, "the last layer gives %ld values, out_size is %ld", prev,

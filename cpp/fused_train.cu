@@ -22,6 +22,7 @@
 
 #include "cluster_launch.cuh"
 #include "common.cuh"
+#include "fused_net_table.cuh"
 #include "fused_train_layers.cuh"   // the backward layers; fused_net_layers.cuh: the forward ones
 
 namespace {
@@ -35,18 +36,6 @@ constexpr int kMaxChunks = 64;
 constexpr const char *kOp = "fused_train_step";
 
 __host__ __device__ bool weighted(const cydnnNetLayer &L) { return L.op == CYDNN_NET_CONV || L.op == CYDNN_NET_LINEAR; }
-
-__host__ __device__ long in_size(const cydnnNetLayer &L) { return (long)L.c * L.h * L.w; }
-
-__host__ __device__ long out_size(const cydnnNetLayer &L) {
-    switch (L.op) {
-        case CYDNN_NET_LINEAR: return L.k;
-        case CYDNN_NET_CONV: return (long)L.k * L.oh * L.ow;
-        case CYDNN_NET_GLOBAL_AVG_POOL: return L.c;
-        case CYDNN_NET_EPILOGUE: return in_size(L);
-        default: return (long)L.c * L.oh * L.ow;
-    }
-}
 
 long round4(long n) { return (n + 3) / 4 * 4; }
 
@@ -152,8 +141,8 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
                               "takes square kernels of 1, 2, 3, 4, 5 or 7)", l, L.kh, L.kw);
         }
         t.act[l + 1] = off;
-        off += round4(out_size(L));
-        if (out_size(L) > width) width = out_size(L);
+        off += round4(cydnn::net_layer_out(L));
+        if (cydnn::net_layer_out(L) > width) width = cydnn::net_layer_out(L);
     }
     CYDNN_REQUIRE(op, t.lowest >= 0, "the network has no weights to train");
     width = round4(width);
@@ -177,14 +166,14 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
     for (int l = 0; l < net->num_layers; ++l) {
         const cydnnNetLayer &L = net->layers[l];
         if (!weighted(L)) continue;
-        if (l > 0) t.saved_x[l] = (float *)take((long)batch * in_size(L));
-        t.saved_d[l] = (float *)take((long)batch * out_size(L));
+        if (l > 0) t.saved_x[l] = (float *)take((long)batch * cydnn::net_layer_in(L));
+        t.saved_d[l] = (float *)take((long)batch * cydnn::net_layer_out(L));
         WLayer &W = w.L[w.num++];
         W.op = L.op;
         W.k = L.k, W.c = L.c, W.h = L.h, W.w = L.w, W.oh = L.oh, W.ow = L.ow, W.kh = L.kh, W.kw = L.kw;
         W.sh = L.sh, W.sw = L.sw, W.ph = L.ph, W.pw = L.pw;
-        W.in_stride = in_size(L);
-        W.out_stride = out_size(L);
+        W.in_stride = cydnn::net_layer_in(L);
+        W.out_stride = cydnn::net_layer_out(L);
         W.layer = l;
         W.x = l > 0 ? t.saved_x[l] : nullptr;    // the first layer reads the step's x
         W.d = t.saved_d[l];
@@ -259,7 +248,7 @@ __global__ void __launch_bounds__(kTrainThreads)
     // the inputs the weight gradients need, each block its share
     for (int l = 1; l < L; ++l) {
         if (a.saved_x[l] == nullptr) continue;
-        const long n = in_size(net.layers[l]);
+        const long n = cydnn::net_layer_in(net.layers[l]);
         long lo, hi;
         share(n, rank, ranks, lo, hi);
         const float *src = smem + a.act[l];
@@ -274,7 +263,7 @@ __global__ void __launch_bounds__(kTrainThreads)
     tick(a.clock, 3);
     for (int l = L - 1; l >= a.lowest; --l) {
         const cydnnNetLayer &Ly = net.layers[l];
-        const long n = out_size(Ly);
+        const long n = cydnn::net_layer_out(Ly);
         epilogue_backward(Ly, smem + a.act[l + 1], gc, n);
         __syncthreads();
         if (a.saved_d[l] != nullptr) {

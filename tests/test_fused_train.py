@@ -75,6 +75,30 @@ def test_its_plan_is_three_steps_of_four_kernels():
     assert plan.buffers["logits"].shape == (64, 10) and plan.arena_bytes >= 64 * 10 * 4
 
 
+def test_explain_shows_both_plans_and_what_decides():
+    """explain() is planning only (no GPU work): a step over a CPU model, whose mode is set as a GPU model's
+    would be, prints the generic plan, then the fused step's plan and what decides between them."""
+    make, shape = NETS["lenet_widths"]
+    model = make()
+    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.1), batch_size=8, input_shape=shape)
+    assert step.mode == "reference" and step.explain().startswith("(not used: the reference loop runs")
+    step.mode = "graph"
+    text = step.explain()
+    assert text.startswith("plan (train, batch 8)") and text.count("plan (train, batch 8)") == 2
+    assert "fused step (the first batch runs both and keeps the faster):" in text
+    assert "fused_train_kernel + fused_weight_kernel" in text
+    step._fused_trials[(8, shape)] = {"used": False, "reason": "the plan's graph measured faster"}
+    assert "fused step (the plan above trains (the plan's graph measured faster))" in step.explain()
+    step._fused_trials[(8, shape)] = {"used": True, "timed_us": {"plan": 2.0, "fused": 1.0}}
+    assert "fused step (it trains (timed, us: {'plan': 2.0, 'fused': 1.0}))" in step.explain()
+    bn = ZOO["cnn_bn"][0]()
+    step = cydnn.compile(bn, optim.SGD(bn.parameters(), lr=0.1), batch_size=8, input_shape=(3, 16, 16))
+    step.mode = "graph"
+    assert "fused step: not taken (layer 1: batch norm" in step.explain()
+    step.fused = False
+    assert step.explain().endswith("fused step: not taken (fused kernels switched off)")
+
+
 def test_the_switch(monkeypatch):
     assert fused_train.mode({}) == "auto"
     assert fused_train.mode({"CYDNN_FUSED_TRAIN": "force"}) == "force"

@@ -375,11 +375,25 @@ class CompiledStep:
         return _build_plan(self.model, shape, batch or self.batch_size, True, self.options)[0]
 
     def explain(self, input_shape=None):
-        """The plan as text (steps, kernels, buffers and bytes), and what runs an epoch."""
-        text = self.plan(input_shape).explain()
+        """The plan as text (steps, kernels, buffers and bytes), and what runs an epoch; where the fused step
+        takes the network, its plan too, and which of the two trains (or that the first batch decides)."""
+        plan = self.plan(input_shape)
+        text = plan.explain()
         if self.mode == "reference":
-            text = f"(not used: the reference loop runs, because {self.reason})\n" + text
-        return text
+            return f"(not used: the reference loop runs, because {self.reason})\n" + text
+        shape = tuple(input_shape or self.input_shape)
+        trial = self._fused_trials.get((self.batch_size, shape))
+        layers = fused_train.describe_training(plan.nodes) if self.fused else "fused kernels switched off"
+        if isinstance(layers, str):
+            return text + f"\nfused step: not taken ({trial['reason'] if trial else layers})"
+        if trial is None:
+            verdict = "the first batch runs both and keeps the faster"
+        elif trial["used"]:
+            verdict = f"it trains (timed, us: {trial.get('timed_us')})"
+        else:
+            verdict = f"the plan above trains ({trial.get('reason')})"
+        fused = fused_train.lower_fused_training(layers, plan.nodes, plan.batch)
+        return text + f"\n\nfused step ({verdict}):\n" + fused.explain()
 
     def info(self):
         """mode and reason (see the class docstring); ``lenet``: why an epoch does not run on the LeNet-5

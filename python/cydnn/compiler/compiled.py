@@ -143,9 +143,11 @@ class CompiledStep:
         flat = self._flat
         out = []
         for r in (plan_runner, fused_runner):
-            r.launch()
-            out.append((float(r.bound.arrays["loss"].numpy()), flat.flat_grad.numpy(), flat.flat_param.numpy()))
-            restore()
+            try:
+                r.launch()
+                out.append((float(r.bound.arrays["loss"].numpy()), flat.flat_grad.numpy(), flat.flat_param.numpy()))
+            finally:
+                restore()          # a failed launch leaves the state as the call found it
         (lp, gp, pp), (lf, gf, pf) = out
         scale = float(np.max(np.abs(gp))) if gp.size else 0.0
         gdiff = float(np.max(np.abs(gf - gp))) if gp.size else 0.0
@@ -157,8 +159,10 @@ class CompiledStep:
             return plan_runner, trial
         times = {}
         for name, r in (("plan", plan_runner), ("fused", fused_runner)):
-            times[name] = time_calls(r.launch, 20)
-            restore()
+            try:
+                times[name] = time_calls(r.launch, 20)
+            finally:
+                restore()
         trial["timed_us"] = {k: round(1e6 * t, 1) for k, t in times.items()}
         use = fused_train.mode() == "force" or times["fused"] < times["plan"]
         trial["used"] = bool(use)

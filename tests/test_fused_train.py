@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cydnn
-from cydnn import _C, nn, optim
+from cydnn import _C, nn, ops, optim
 from cydnn.compiler import fused_train
 from cydnn.compiler.trace import trace
 
@@ -195,6 +195,38 @@ def test_the_trial_keeps_the_faster_and_says_so(monkeypatch):
     faster = trial["timed_us"]["fused"] < trial["timed_us"]["plan"]
     assert trial["used"] == faster and (faster or trial["reason"] == "the plan's graph measured faster")
     assert (step.info()["kernels_per_step"][(64, shape)] == 4) == faster
+
+
+@gpu
+def test_replaced_weights_are_seen_by_the_fused_step(monkeypatch):
+    """The fused step's table holds the device addresses of the weights it was bound to: a new ``.data``, a
+    new Parameter or ``load_state_dict`` between steps must re-bind it (never a step on stale or freed
+    arrays).  Learning rate 0, so only the replacements change the weights: each step's loss against the
+    per-op forward's on the model as it is just before the step."""
+    make, shape = NETS["lenet_widths"]
+    (x, y), = _batches(shape, steps=1)
+    model, step = _step(make, shape, lambda p: optim.SGD(p, lr=0.0), {"CYDNN_FUSED_TRAIN": "force"}, monkeypatch)
+    other = make(rng=7).to("cuda")
+    loss_fn = nn.CrossEntropyLoss()
+    got, want = [], []
+
+    def one_step():
+        want.append(float(ops.cuda.to_numpy(loss_fn(model(ops.cuda.asarray(x)), y))))
+        got.append(float(step(x, y)))
+
+    one_step()
+    model[0].weight.data = other[0].weight.data.copy()                  # a new .data
+    one_step()
+    opt = step.optimizer
+    model[7].weight = nn.Parameter(other[7].weight.data.copy())        # a new Parameter, and the optimizer's
+    opt.params[4], opt.state[4] = model[7].weight, opt._init_state(model[7].weight)
+    opt.state[4]["step"] = opt.state[0]["step"]
+    one_step()
+    model.load_state_dict(make(rng=9).state_dict())
+    one_step()
+    assert step.info()["fused_train"][(64, shape)]["used"]
+    assert len(set(got)) == 4, got                                      # every replacement changed the loss
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @gpu

@@ -107,6 +107,67 @@ def test_the_switch(monkeypatch):
         fused_train.mode({"CYDNN_FUSED_TRAIN": "yes"})
 
 
+class _Array:
+    def __init__(self, value):
+        self.value = np.asarray(value, np.float32)
+
+    def numpy(self):
+        return self.value.copy()
+
+
+class _Runner:
+    """A runner whose launch writes a loss and gradients into the shared fake state."""
+    def __init__(self, flat, loss, grads, seconds, fail=False):
+        self.flat, self.loss, self.grads, self.seconds, self.fail = flat, loss, grads, seconds, fail
+        self.bound = type("B", (), {"arrays": {"loss": _Array(np.nan)}})()
+
+    def launch(self):
+        if self.fail:
+            raise _C.CydnnError("fused_train_step: a launch failed")
+        self.bound.arrays["loss"] = _Array(self.loss)
+        self.flat.flat_grad = _Array(self.grads)
+        self.flat.dirty = True
+
+
+def _trial(monkeypatch, plan, fused, env="auto"):
+    monkeypatch.setenv("CYDNN_FUSED_TRAIN", env)
+    monkeypatch.setattr(fused_train, "time_calls", lambda fn, calls: fn.__self__.seconds)
+    flat = plan.flat
+    restores = []
+
+    def snapshot():
+        def restore():
+            restores.append(flat.dirty)
+            flat.dirty = False
+        return restore
+    return fused_train.trial(plan, fused, snapshot, flat), restores
+
+
+def test_the_trial_compares_then_keeps_the_faster(monkeypatch):
+    flat = type("F", (), {"dirty": False})()
+    g = [1.0, -2.0, 0.5]
+    plan, fused = _Runner(flat, 2.3, g, 3e-5), _Runner(flat, 2.3 + 1e-6, np.add(g, 1e-5), 1e-5)
+    (chosen, found), restores = _trial(monkeypatch, plan, fused)
+    assert chosen is fused and found["used"] and found["timed_us"] == {"plan": 30.0, "fused": 10.0}
+    assert restores == [True, True, False, False]        # after each compared step and each timing
+    fused.seconds = 4e-5
+    (chosen, found), _ = _trial(monkeypatch, plan, fused)
+    assert chosen is plan and found["reason"] == "the plan's graph measured faster"
+    (chosen, found), _ = _trial(monkeypatch, plan, fused, env="force")
+    assert chosen is fused and found["used"]
+    wrong = _Runner(flat, 2.3, np.add(g, [0, 0, 0.01]), 1e-6)           # a gradient off by 0.5 % of the largest
+    (chosen, found), _ = _trial(monkeypatch, plan, wrong, env="force")
+    assert chosen is plan and not found["used"] and found["reason"].startswith("self-test:")
+    assert found["max_grad_diff"] == pytest.approx(0.01, rel=1e-3)
+    off_loss = _Runner(flat, 2.31, g, 1e-6)
+    (chosen, found), _ = _trial(monkeypatch, plan, off_loss)
+    assert chosen is plan and found["reason"].startswith("self-test: the fused step's loss 2.3099")
+    broken = _Runner(flat, 2.3, g, 1e-6, fail=True)
+    with pytest.raises(_C.CydnnError, match="a launch failed"):
+        _trial(monkeypatch, plan, broken)
+    assert flat.dirty is False                                            # the state was restored all the same
+
+
 # ---------------------------------------------------------------------- GPU
 def _step(make, shape, opt, env, monkeypatch, batch=64, **kw):
     for k, v in env.items():

@@ -13,7 +13,6 @@ from .. import _C, nn
 from ..loop import reference_epoch
 from . import fused_train, lenet
 from .binding import _Runner, _batch_norms, _build_plan, _count_batches, log, module_buffers, signature
-from .executor import time_calls
 from .trace import Unsupported, trace
 from .train_step import LR_TABLE, FlatState, optimizer_reason
 
@@ -125,7 +124,7 @@ class CompiledStep:
         try:
             self._feed(cand, x, y)
             cand.prepare(self._snapshot, compare=("loss",))
-            chosen, trial = self._trial(runner, cand)
+            chosen, trial = fused_train.trial(runner, cand, self._snapshot, self._flat)
         except (_C.CydnnError, RuntimeError, ValueError) as e:
             chosen, trial = runner, {"used": False, "reason": f"failed: {e}"}
         step = cand.plan.steps[0]
@@ -136,39 +135,6 @@ class CompiledStep:
         if chosen is cand:
             self._runners[runner.key] = cand
         return chosen
-
-    def _trial(self, plan_runner, fused_runner):
-        """(the runner to keep, what was found): one step of each from the same state, compared; then timed."""
-        restore = self._snapshot()
-        flat = self._flat
-        out = []
-        for r in (plan_runner, fused_runner):
-            try:
-                r.launch()
-                out.append((float(r.bound.arrays["loss"].numpy()), flat.flat_grad.numpy(), flat.flat_param.numpy()))
-            finally:
-                restore()          # a failed launch leaves the state as the call found it
-        (lp, gp, pp), (lf, gf, pf) = out
-        scale = float(np.max(np.abs(gp))) if gp.size else 0.0
-        gdiff = float(np.max(np.abs(gf - gp))) if gp.size else 0.0
-        trial = {"used": False, "loss": (lp, lf), "max_grad_diff": gdiff}
-        if not (abs(lf - lp) <= 1e-4 * max(1.0, abs(lp)) and gdiff <= 1e-3 * scale + 1e-7
-                and np.all(np.isfinite(gf)) == np.all(np.isfinite(gp))):
-            trial["reason"] = (f"self-test: the fused step's loss {lf} / gradients (max |diff| {gdiff:.3g} of "
-                               f"{scale:.3g}) differ from the plan's ({lp})")
-            return plan_runner, trial
-        times = {}
-        for name, r in (("plan", plan_runner), ("fused", fused_runner)):
-            try:
-                times[name] = time_calls(r.launch, 20)
-            finally:
-                restore()
-        trial["timed_us"] = {k: round(1e6 * t, 1) for k, t in times.items()}
-        use = fused_train.mode() == "force" or times["fused"] < times["plan"]
-        trial["used"] = bool(use)
-        if not use:
-            trial["reason"] = "the plan's graph measured faster"
-        return (fused_runner if use else plan_runner), trial
 
     def _replan(self):
         """(Re)bind: flat buffers from the model's current parameters; plans made again on use."""

@@ -21,6 +21,8 @@ shared memory, a network without a final (N, classes) output.
 """
 import os
 
+import numpy as np
+
 from .. import _C
 from . import fused_net
 from .executor import DISPATCH, time_calls
@@ -28,7 +30,7 @@ from .ir import Plan
 from .lower import LR_TABLE, param_names
 from .passes import plan_memory
 
-__all__ = ["describe_training", "lower_fused_training", "mode"]
+__all__ = ["describe_training", "lower_fused_training", "mode", "trial"]
 
 #: cluster sizes timed when the step is bound (blocks per image)
 CLUSTERS = (1, 2, 4)
@@ -150,6 +152,42 @@ def dispatch(b, s):
     if reasons:
         s.args["refused"] = reasons
     return steps[chosen].enqueue, ()
+
+
+def trial(plan_runner, fused_runner, snapshot, flat):
+    """(the runner to keep, what was found): one step of the generic plan and one of the fused step from the
+    same state (``snapshot()`` restores it; ``flat``: the step's FlatState), their loss and gradients compared,
+    then both timed; the fused one is kept where it agrees and is faster (``$CYDNN_FUSED_TRAIN=force``: where
+    it agrees)."""
+    restore = snapshot()
+    out = []
+    for r in (plan_runner, fused_runner):
+        try:
+            r.launch()
+            out.append((float(r.bound.arrays["loss"].numpy()), flat.flat_grad.numpy()))
+        finally:
+            restore()          # a failed launch leaves the state as the call found it
+    (lp, gp), (lf, gf) = out
+    scale = float(np.max(np.abs(gp))) if gp.size else 0.0
+    gdiff = float(np.max(np.abs(gf - gp))) if gp.size else 0.0
+    found = {"used": False, "loss": (lp, lf), "max_grad_diff": gdiff}
+    if not (abs(lf - lp) <= 1e-4 * max(1.0, abs(lp)) and gdiff <= 1e-3 * scale + 1e-7
+            and np.all(np.isfinite(gf)) == np.all(np.isfinite(gp))):
+        found["reason"] = (f"self-test: the fused step's loss {lf} / gradients (max |diff| {gdiff:.3g} of "
+                           f"{scale:.3g}) differ from the plan's ({lp})")
+        return plan_runner, found
+    times = {}
+    for name, r in (("plan", plan_runner), ("fused", fused_runner)):
+        try:
+            times[name] = time_calls(r.launch, 20)
+        finally:
+            restore()
+    found["timed_us"] = {k: round(1e6 * t, 1) for k, t in times.items()}
+    use = mode() == "force" or times["fused"] < times["plan"]
+    found["used"] = bool(use)
+    if not use:
+        found["reason"] = "the plan's graph measured faster"
+    return (fused_runner if use else plan_runner), found
 
 
 #: the executor runs a ``fused_train`` step through :func:`dispatch` (registered here, where the step is defined)

@@ -63,16 +63,42 @@ def test_the_networks_it_takes_and_the_reasons_for_the_others():
     assert "shared memory" in fused_train.describe_training(trace(big, (3, 64, 64), 1))
     assert fused_train.describe_training(trace(nn.Sequential(nn.MaxPool2d(2), nn.Flatten()), (1, 4, 4), 1)) \
         == "the network has no weights to train"
+    convs = nn.Sequential(nn.Conv2d(1, 3, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())     # weights, none linear
+    assert [d["op"] for d in fused_train.describe_training(trace(convs, (1, 6, 6), 2))] == ["conv", "global_avg_pool"]
+    no_drop = nn.Sequential(nn.Flatten(), nn.Dropout(0.0), nn.Linear(4, 2))               # p = 0: the identity
+    assert isinstance(fused_train.describe_training(trace(no_drop, (1, 2, 2), 4)), list)
 
 
 def test_its_plan_is_three_steps_of_four_kernels():
     nodes = trace(ZOO["lenet_widths"][0](), (1, 28, 28), 64)
-    plan = fused_train.lower_fused_training(fused_train.describe_training(nodes), nodes, 64)
-    assert [s.kind for s in plan.steps] == ["fused_train", "flat_update", "step_bookkeeping"]
-    assert plan.kernel_count() == 4
+    layers = fused_train.describe_training(nodes)
+    plan = fused_train.lower_fused_training(layers, nodes, 64, log=["earlier pass"])
+    params = [("0.weight", (16, 1, 5, 5)), ("0.bias", (16,)), ("3.weight", (32, 16, 5, 5)), ("3.bias", (32,)),
+              ("7.weight", (512, 512)), ("7.bias", (512,)), ("9.weight", (10, 512)), ("9.bias", (10,))]
+    want = {"x": ((64, 1, 28, 28), "float32", "input"), "labels": ((64,), "int32", "label"),
+            "loss": ((), "float32", "output"), "counters": ((6,), "int32", "control"),
+            "lr": ((fused_train.LR_TABLE,), "float32", "control"), "logits": ((64, 10), "float32", "scratch")}
+    for name, shape in params:
+        want[name] = (shape, "float32", "param")
+        want["d:" + name] = (shape, "float32", "param_grad")
+    assert {n: (b.shape, b.dtype, b.role) for n, b in plan.buffers.items()} == want
+    names = tuple(n for n, _ in params)
+    grads = tuple("d:" + n for n in names)
+    assert [(st.kind, st.name, st.reads, st.writes, st.kernels) for st in plan.steps] == [
+        ("fused_train", "forward + loss + backward", ("x", "labels") + names, ("loss", "logits") + grads,
+         ("fused_train_kernel", "fused_weight_kernel")),
+        ("flat_update", "optimizer update", grads + ("lr", "counters"), names, ("flat_update_kernel",)),
+        ("step_bookkeeping", "bookkeeping", ("logits", "labels", "loss"), ("counters",), ("bookkeeping_kernel",))]
+    assert plan.steps[0].args["layers"] is layers and plan.kernel_count() == 4
+    assert plan.mode == "train" and plan.batch == 64 and plan.nodes is nodes
+    assert plan.log[:2] == ["earlier pass", "fused step: 6 table layers in two kernels"]
+    assert plan.buffers["logits"].offset == 0 and plan.arena_bytes == 64 * 10 * 4
     text = plan.explain()
     assert "fused_train_kernel + fused_weight_kernel" in text and "d:7.weight" in text
-    assert plan.buffers["logits"].shape == (64, 10) and plan.arena_bytes >= 64 * 10 * 4
+    # the input's shape is the first node's, whatever the second takes
+    first = trace(nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), (3, 2, 2), 5)
+    plan = fused_train.lower_fused_training(fused_train.describe_training(first), first, 5)
+    assert plan.buffers["x"].shape == (5, 3, 2, 2) and plan.buffers["logits"].shape == (5, 3)
 
 
 def test_explain_shows_both_plans_and_what_decides():
@@ -103,6 +129,7 @@ def test_the_switch(monkeypatch):
     assert fused_train.mode({}) == "auto"
     assert fused_train.mode({"CYDNN_FUSED_TRAIN": "force"}) == "force"
     assert fused_train.mode({"CYDNN_FUSED_TRAIN": " off "}) == "off"
+    assert fused_train.mode({"CYDNN_FUSED_TRAIN": "  "}) == "auto"
     with pytest.raises(ValueError, match="CYDNN_FUSED_TRAIN must be auto, force or off, got 'yes'"):
         fused_train.mode({"CYDNN_FUSED_TRAIN": "yes"})
 
@@ -166,6 +193,36 @@ def test_the_trial_compares_then_keeps_the_faster(monkeypatch):
     with pytest.raises(_C.CydnnError, match="a launch failed"):
         _trial(monkeypatch, plan, broken)
     assert flat.dirty is False                                            # the state was restored all the same
+
+
+def test_the_trial_bounds(monkeypatch):
+    """The bounds themselves: the loss within 1e-4 of max(1, |loss|), the gradients within 1e-3 of their largest
+    (plus 1e-7); a tie in time keeps the plan; 20 timed calls each, times rounded to 0.1 us; no gradients."""
+    flat = type("F", (), {"dirty": False})()
+    calls = []
+    monkeypatch.setattr(fused_train, "time_calls", lambda fn, n: calls.append(n) or fn.__self__.seconds)
+    monkeypatch.setenv("CYDNN_FUSED_TRAIN", "auto")
+
+    def run(plan, fused):
+        return fused_train.trial(plan, fused, lambda: (lambda: None), flat)
+
+    g = [1000.0, -3.0]
+    plan = _Runner(flat, 10.0, g, 12.349999e-6)
+    chosen, found = run(plan, _Runner(flat, 10.0009765625, np.add(g, [1.0, 0.0]), 1e-6))   # 1e-3 of 10; 1.0 of 1000
+    assert chosen is not plan and found["loss"] == (10.0, 10.0009765625) and found["max_grad_diff"] == 1.0
+    assert calls == [20, 20] and found["timed_us"] == {"plan": 12.3, "fused": 1.0}
+    chosen, found = run(plan, _Runner(flat, 10.0, np.add(g, [1.0625, 0.0]), 1e-6))           # over 1e-3 of 1000
+    assert chosen is plan and found["reason"].startswith("self-test")
+    small = _Runner(flat, 0.5, g, 1e-5)
+    chosen, found = run(small, _Runner(flat, 0.50015, g, 1e-6))       # 1.5e-4 > 1e-4 * max(1, 0.5)
+    assert chosen is small and found["reason"].startswith("self-test")
+    chosen, found = run(small, _Runner(flat, 0.50005, g, 1e-6))       # 5e-5: agrees
+    assert found["used"]
+    chosen, found = run(small, _Runner(flat, 0.5, g, 1e-5))           # a tie in time: the plan stays
+    assert chosen is small and found["reason"] == "the plan's graph measured faster"
+    empty = _Runner(flat, 0.5, [], 1e-5)
+    chosen, found = run(empty, _Runner(flat, 0.5, [], 1e-6))          # a network without gradients to compare
+    assert found["used"] and found["max_grad_diff"] == 0.0
 
 
 # ---------------------------------------------------------------------- GPU

@@ -60,7 +60,7 @@ TABLE = {
     "datasets": (["cydnn/datasets"], ["tests/test_datasets*.py", "tests/test_faults_download*.py",
                                       "tests/test_download_lock.py"]),
     # The compiler's Python passes (trace, passes, lower, ...).
-    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py"]),
+    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py", "tests/test_fused_train.py"]),
 }
 
 KILLED = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}     # failed, pytest error, timeouts, crashes, type check

@@ -26,7 +26,8 @@ class CompiledStep:
     ``"steps"`` (the same plan launched step by step: capture failed or was switched off),
     ``"fused+graph"`` (an epoch of LeNet-5 on its hand-fused kernels), ``"reference"``
     (the per-op loop: a model on the CPU, or one the compiler does not take; the reason
-    says which).
+    says which).  In "graph" and "steps" the plan is the generic one or, where it agrees and
+    measures faster on the first batch, the fused step (fused_train.py): ``info()["fused_train"]``.
     """
 
     def __init__(self, model, optimizer, batch_size, loss_fn=None, input_shape=None, cuda_graph=True,
@@ -134,6 +135,7 @@ class CompiledStep:
             log.info("compile: fused step not used: %s", trial["reason"])
         if chosen is cand:
             self._runners[runner.key] = cand
+            self._note(cand)            # its capture failed: "steps", with the reason
         return chosen
 
     def _replan(self):

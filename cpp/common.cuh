@@ -124,6 +124,14 @@ inline unsigned int blocks_for(size_t count, int threads = kThreads) {
 
 // The counter-based hash behind dropout and augmentation (splitmix64).  The
 // numpy twin computes the same numbers.
+// The GPU's global nanosecond clock (%globaltimer): the resident kernel's idle deadline, the fused training
+// step's profiling clocks.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __host__ __device__ inline uint64_t splitmix64(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

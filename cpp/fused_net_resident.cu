@@ -50,11 +50,6 @@ __device__ __forceinline__ void store_release_sys(unsigned long long *p, unsigne
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 // ctl[0]: the request (host writes: 1, 2, 3, ... or kStop); ctl[1]: the last request served (kernel
 // writes); ctl[2]: the launch id of the kernel that returned last (kernel writes).  served: the
@@ -72,9 +67,9 @@ __global__ void __launch_bounds__(kThreads)
     const bool leader = rank == 0 && threadIdx.x == 0;
     for (;;) {
         if (leader) {                      // poll; one PCIe read a round
-            const unsigned long long t0 = globaltimer_ns();
+            const unsigned long long t0 = cydnn::globaltimer_ns();
             unsigned long long r;
-            while ((r = load_acquire_sys(ctl)) == served && globaltimer_ns() - t0 < idle_ns) {
+            while ((r = load_acquire_sys(ctl)) == served && cydnn::globaltimer_ns() - t0 < idle_ns) {
             }
             request = r;
         }

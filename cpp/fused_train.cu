@@ -18,7 +18,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #include "cluster_launch.cuh"
 #include "common.cuh"
@@ -223,15 +222,11 @@ __global__ void __launch_bounds__(kTrainThreads)
 cydnnStatus_t cydnn_fused_train_check(const cydnnNet *net, int batch, int cluster, size_t *smem_bytes,
                                       size_t *scratch_bytes) {
     CYDNN_REQUIRE(kOp, net != nullptr && smem_bytes != nullptr && scratch_bytes != nullptr, "a pointer is NULL");
-    Layout *Y = new (std::nothrow) Layout();
-    if (Y == nullptr) return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: no host memory", kOp);
-    const cydnnStatus_t st = layout(net, batch, cluster, nullptr, Y);
-    if (st == CYDNN_STATUS_SUCCESS) {
-        *smem_bytes = Y->smem;
-        *scratch_bytes = Y->scratch;
-    }
-    delete Y;
-    return st;
+    Layout Y;
+    CYDNN_TRY(layout(net, batch, cluster, nullptr, &Y));
+    *smem_bytes = Y.smem;
+    *scratch_bytes = Y.scratch;
+    return CYDNN_STATUS_SUCCESS;
 }
 
 cydnnStatus_t cydnn_fused_train_step(cydnnContext *ctx, const cydnnNet *net, const cydnnNetTrain *t, int cluster) {

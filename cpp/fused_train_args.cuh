@@ -39,23 +39,17 @@ struct TrainArgs {
 constexpr int kClocks = 4 + CYDNN_NET_MAX_LAYERS + 4;   // (one spare: an even count fills its 16 bytes)
 constexpr int kTrainEnd = 4 + CYDNN_NET_MAX_LAYERS, kWeightStart = kTrainEnd + 1, kWeightEnd = kTrainEnd + 2;
 
-__device__ __forceinline__ unsigned long long now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 __device__ __forceinline__ void tick(unsigned long long *clock, int i) {
     if (clock == nullptr || blockIdx.x != 0) return;
     __syncthreads();
-    if (threadIdx.x == 0) clock[i] = now();
+    if (threadIdx.x == 0) clock[i] = cydnn::globaltimer_ns();
 }
 
 // The latest end over the blocks (slot i must hold 0 or an earlier time first).
 __device__ __forceinline__ void tick_last(unsigned long long *clock, int i) {
     if (clock == nullptr) return;
     __syncthreads();
-    if (threadIdx.x == 0) atomicMax(clock + i, now());
+    if (threadIdx.x == 0) atomicMax(clock + i, cydnn::globaltimer_ns());
 }
 
 // One weighted layer's share of the weight kernel.

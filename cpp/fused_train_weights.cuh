@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kWThreads)
     __shared__ float res[kMaxTaps + 1];
     __shared__ int last;
     __shared__ WLayer layer;
-    if (a.clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.clock[kWeightStart] = now();
+    if (a.clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.clock[kWeightStart] = cydnn::globaltimer_ns();
     for (long b = blockIdx.x; b < total; b += gridDim.x) {
         weight_block(a, x, b, sm, res, &last, &layer);
         __syncthreads();

@@ -332,6 +332,21 @@ def test_attribute_registration_and_replacement():
         Forgot()
 
 
+def test_a_replaced_parameter_or_module_keeps_its_place():
+    """As PyTorch's: ``layer.weight = Parameter(...)`` leaves ``weight`` where it was in parameters() and
+    state_dict(), so an optimizer's list, updated at the same index, still lines up with the model's."""
+    model = nn.Sequential(nn.Linear(3, 4, rng=0), nn.ReLU(), nn.Linear(4, 2, rng=1))
+    names = [n for n, _ in model.named_parameters()]
+    new = nn.Parameter(np.zeros((4, 3), np.float32))
+    model[0].weight = new
+    assert [n for n, _ in model.named_parameters()] == names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert list(model.parameters())[0] is new and list(model.state_dict()) == names
+    model[1] = nn.Tanh()                   # a module for a module: the same place among the children
+    assert [type(m).__name__ for m in model] == ["Linear", "Tanh", "Linear"]
+    model[0].weight = None                 # a parameter for a plain value: unregistered
+    assert [n for n, _ in model.named_parameters()] == ["0.bias", "2.weight", "2.bias"]
+
+
 def test_shared_parameter_is_listed_once():
     a = nn.Linear(2, 2, rng=0)
     b = nn.Linear(2, 2, rng=1)

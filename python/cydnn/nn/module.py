@@ -131,15 +131,15 @@ class Module:
                 _version[0] += 1
             return
         _version[0] += 1
-        # An attribute is in exactly one place: a registry or the plain __dict__.
+        # An attribute is in exactly one place: a registry or the plain __dict__.  A value replacing
+        # one of its own kind keeps its place (as in PyTorch): a new Parameter for ``weight`` stays
+        # where ``weight`` was in parameters() and state_dict(), so an optimizer's list still lines up.
+        target = (self._parameters if isinstance(value, Parameter)
+                  else self._modules if isinstance(value, Module) else self.__dict__)
         for table in (self._parameters, buffers, self._modules, self.__dict__):
-            table.pop(name, None)
-        if isinstance(value, Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
-        else:
-            self.__dict__[name] = value
+            if table is not target:
+                table.pop(name, None)
+        target[name] = value
 
     def __getattr__(self, name):
         # Only called when normal lookup fails: look in the registries.

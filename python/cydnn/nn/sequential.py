@@ -32,6 +32,13 @@ class Sequential(Module):
     def __getitem__(self, index):
         return list(self._modules.values())[index]
 
+    def __setitem__(self, index, module):
+        """``model[i] = layer``, as PyTorch's: the layer takes the i-th place (and name)."""
+        if not isinstance(module, Module):
+            raise TypeError(f"Sequential[{index}] = ...: expected a Module, got {type(module).__name__}")
+        names = list(self._modules)
+        setattr(self, names[index], module)          # IndexError for an index out of range
+
     def forward(self, x):
         for module in self._modules.values():
             x = module(x)

@@ -51,6 +51,14 @@ for name in sys.argv[1].split(","):
             if v > prev and v - prev < 10**8:
                 parts.append(f"L{l}:{runner.plan.steps[0].args['layers'][l]['op']} {(v - prev) / 1e3:.1f}")
                 prev = v
+        layers = runner.plan.steps[0].args["layers"]
+        fwd, prev_f = [], t0
+        for l in range(nl):
+            v = c[40 + l]
+            if prev_f < v < prev_f + 10**8:
+                fwd.append(f"{layers[l]['op']} {(v - prev_f) / 1e3:.1f}")
+                prev_f = v
+        parts[0] += " (" + ", ".join(fwd) + ")"
         print(f"{name:22s} cluster {cl}: T+W {1e6 * both:.1f} us, graph step {1e6 * whole:.1f} us; image 0 "
               f"total {(prev - t0) / 1e3:.1f} us: " + ", ".join(parts)
               + f"; T's last block ends {(c[36] - t0) / 1e3:.1f}, W {(c[37] - t0) / 1e3:.1f} -> {(c[38] - t0) / 1e3:.1f}",

@@ -174,6 +174,7 @@ __global__ void __launch_bounds__(kTrainThreads)
             default: epilogue_layer(Ly, in, out, cluster, rank, ranks); break;
         }
         cluster.sync();
+        tick(a.clock, kForward + l);
     }
     tick(a.clock, 1);
     // the inputs the weight gradients need, each block its share

@@ -35,9 +35,11 @@ struct TrainArgs {
 
 // The train kernel's phases, timed on image 0's rank 0 when asked (%globaltimer, ns): the start, after the
 // forward, after the saved inputs, after the loss, after each layer's backward (from the last); then the
-// last block of the train kernel to end, the weight kernel's start (its block 0) and its last block's end.
-constexpr int kClocks = 4 + CYDNN_NET_MAX_LAYERS + 4;   // (one spare: an even count fills its 16 bytes)
+// last block of the train kernel to end, the weight kernel's start (its block 0) and its last block's end,
+// a spare (an even count fills its 16 bytes); then after each layer's forward, at kForward + l.
+constexpr int kClocks = 4 + CYDNN_NET_MAX_LAYERS + 4 + CYDNN_NET_MAX_LAYERS;
 constexpr int kTrainEnd = 4 + CYDNN_NET_MAX_LAYERS, kWeightStart = kTrainEnd + 1, kWeightEnd = kTrainEnd + 2;
+constexpr int kForward = kTrainEnd + 4;
 
 __device__ __forceinline__ void tick(unsigned long long *clock, int i) {
     if (clock == nullptr || blockIdx.x != 0) return;

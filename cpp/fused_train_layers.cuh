@@ -121,6 +121,27 @@ __device__ void conv_backward_input(const cydnnNetLayer &L, const float *g, floa
     }
 }
 
+// Stage the weights of the input channels that work items [lo, hi) of an input gradient touch (item /
+// row_items is the group of tco input channels) into wbuf as [k * kk + tap][channel], rows of cs channels
+// (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats; c_lo is the first
+// staged channel.  Returns whether they were staged.  Block-uniform (it syncs when it stages).
+__device__ __forceinline__ bool stage_dgrad_weights(const cydnnNetLayer &L, long lo, long hi, long row_items, int tco,
+                                                    int kk, float *wbuf, long wcap, int &c_lo, int &cs) {
+    const int C = L.c, taps = L.k * kk;          // taps per input channel
+    c_lo = (int)(lo / row_items) * tco;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * tco;
+    const int c_span = (c_hi_raw < C ? c_hi_raw : C) - c_lo;
+    cs = (c_span + 3) / 4 * 4;
+    if ((long)cs * taps > wcap) return false;
+    for (int i = threadIdx.x; i < c_span * taps; i += blockDim.x) {
+        const int c = i / taps, t = i - c * taps;            // t = k * kk + tap
+        const int k = t / kk, tap = t - k * kk;
+        wbuf[t * cs + c] = __ldg(L.weight + ((long)k * C + c_lo + c) * kk + tap);
+    }
+    __syncthreads();
+    return true;
+}
+
 // Convolution with stride 1, dx = the correlation of g (padded by kh - 1 - ph, kw - 1 - pw) with the
 // flipped kernel: conv_layer's loop (fused_net_conv.cuh) with the roles of the channels swapped -- a
 // thread computes TCO input channels x TP pixels of one row, the reduction runs over the output
@@ -137,20 +158,8 @@ __device__ void conv_backward_input_s1(const cydnnNetLayer &L, const float *g, f
     long lo, hi;
     share((long)cig * row_items, rank, ranks, lo, hi);
     if (hi <= lo) return;
-    const int taps = K * KH * KW;                    // per input channel
-    const int c_lo = (int)(lo / row_items) * TCO;
-    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * TCO;
-    const int c_span = (c_hi_raw < C ? c_hi_raw : C) - c_lo;
-    const int cs = (c_span + 3) / 4 * 4;
-    const bool staged = (long)cs * taps <= wcap;
-    if (staged) {
-        for (int i = threadIdx.x; i < c_span * taps; i += blockDim.x) {
-            const int c = i / taps, t = i - c * taps;            // t = (k * KH + ky) * KW + kx
-            const int k = t / (KH * KW), kk = t - k * (KH * KW);
-            wbuf[t * cs + c] = __ldg(L.weight + ((long)k * C + c_lo + c) * (KH * KW) + kk);
-        }
-        __syncthreads();
-    }
+    int c_lo, cs;
+    const bool staged = stage_dgrad_weights(L, lo, hi, row_items, TCO, KH * KW, wbuf, wcap, c_lo, cs);
     for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
         const int gi = (int)(it / row_items);
         const int rest = (int)(it - gi * row_items);
@@ -214,13 +223,124 @@ __device__ void conv_backward_input_s1(const cydnnNetLayer &L, const float *g, f
     if (staged) __syncthreads();     // the staging area is free again for the next layer
 }
 
+// conv_backward_input_s1 for layers with few work items (a small image's deep layers: one item of 4
+// channels x 4 pixels a thread would leave most of the block idle, and the kernel waits on one warp's
+// latency): G lanes of a warp share an item, lane l taking the terms q = k * KS * KS + tap = l, l + G, ...
+// (neighbouring taps, so the G lanes read G different pixels: no bank conflicts), then a butterfly of
+// shuffles adds the G partial sums (a fixed order: deterministic) and lane l stores the item's values
+// l, l + G, ...  Weights staged as in conv_backward_input_s1, or read through the read-only cache.
+template <int TCO, int TP, int KS, int G>
+__device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g, float *dx, cg::cluster_group &cluster,
+                                          int rank, int ranks, float *wbuf, long wcap) {
+    constexpr int KK = KS * KS;
+    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow, PH = L.ph, PW = L.pw;
+    const int cig = (C + TCO - 1) / TCO, pxg = (W + TP - 1) / TP;
+    const long row_items = (long)H * pxg;
+    long lo, hi;
+    share((long)cig * row_items, rank, ranks, lo, hi);
+    if (hi <= lo) return;
+    int c_lo, cs;
+    const bool staged = stage_dgrad_weights(L, lo, hi, row_items, TCO, KK, wbuf, wcap, c_lo, cs);
+    const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
+    // every lane of a warp runs the same number of rounds (the shuffles need them all)
+    for (long base = lo; base < hi; base += groups) {
+        const long it = base + gid;
+        const bool active = it < hi;
+        const long item = active ? it : lo;
+        const int gi = (int)(item / row_items);
+        const int rest = (int)(item - gi * row_items);
+        const int iy = rest / pxg, j = rest - iy * pxg;
+        const int c0 = gi * TCO;
+        const float *wt = wbuf + (c0 - c_lo);
+        float acc[TCO][TP];
+#pragma unroll
+        for (int a = 0; a < TCO; ++a)
+#pragma unroll
+            for (int p = 0; p < TP; ++p) acc[a][p] = 0.0f;
+        int k = l / KK, t = l - (l / KK) * KK;
+        while (k < K) {
+            const int ky = t / KS, kx = t - (t / KS) * KS;
+            const int oy = iy + PH - ky;
+            if (oy >= 0 && oy < OH) {
+                const float *row = g + ((long)k * OH + oy) * OW;
+                float gv[TP];
+#pragma unroll
+                for (int p = 0; p < TP; ++p) {
+                    const int ox = (j + p * pxg) + PW - kx;
+                    gv[p] = (ox >= 0 && ox < OW) ? row[ox] : 0.0f;
+                }
+                float wv[TCO];
+                if (staged && TCO == 4) {
+                    const float4 w4 = *reinterpret_cast<const float4 *>(wt + (k * KK + t) * cs);
+                    wv[0] = w4.x;
+                    wv[TCO > 1 ? 1 : 0] = w4.y;
+                    wv[TCO > 2 ? 2 : 0] = w4.z;
+                    wv[TCO > 3 ? 3 : 0] = w4.w;
+                } else {
+#pragma unroll
+                    for (int a = 0; a < TCO; ++a)
+                        wv[a] = staged ? wt[(k * KK + t) * cs + a]
+                                       : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * KK + t) : 0.0f);
+                }
+#pragma unroll
+                for (int a = 0; a < TCO; ++a)
+#pragma unroll
+                    for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], gv[p], acc[a][p]);
+            }
+            t += G;                                   // the next term of this lane: q + G
+            while (t >= KK) {
+                t -= KK;
+                ++k;
+            }
+        }
+#pragma unroll
+        for (int off = G / 2; off > 0; off /= 2)
+#pragma unroll
+            for (int a = 0; a < TCO; ++a)
+#pragma unroll
+                for (int p = 0; p < TP; ++p) acc[a][p] += __shfl_xor_sync(0xffffffffu, acc[a][p], off);
+#pragma unroll
+        for (int a = 0; a < TCO; ++a)
+#pragma unroll
+            for (int p = 0; p < TP; ++p) {
+                const int c = c0 + a, ix = j + p * pxg;
+                if ((a * TP + p) % G == l && active && c < C && ix < W)
+                    store_all(cluster, dx, ranks, ((long)c * H + iy) * W + ix, acc[a][p]);
+            }
+    }
+    if (staged) __syncthreads();     // the staging area is free again for the next layer
+}
+
+// The lanes that share an item of conv_backward_input_split: the most (up to 16) that leave every
+// block's share of the items one round of the block's threads; 1 (conv_backward_input_s1) where even
+// two lanes an item would not.
+__device__ __forceinline__ int dgrad_lanes(const cydnnNetLayer &L, int ranks) {
+    const long items = (long)((L.c + 3) / 4) * L.h * ((L.w + 3) / 4);
+    const long per_block = (items + ranks - 1) / ranks;
+    for (int G = 16; G >= 2; G /= 2)
+        if (per_block * G <= (long)blockDim.x && G <= L.k * L.kh * L.kw) return G;
+    return 1;
+}
+
+template <int KS>
+__device__ void conv_backward_input_sized(const cydnnNetLayer &L, const float *g, float *dx, cg::cluster_group &cluster,
+                                          int rank, int ranks, float *wbuf, long wcap) {
+    switch (dgrad_lanes(L, ranks)) {
+        case 16: conv_backward_input_split<4, 4, KS, 16>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+        case 8: conv_backward_input_split<4, 4, KS, 8>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+        case 4: conv_backward_input_split<4, 4, KS, 4>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+        case 2: conv_backward_input_split<4, 4, KS, 2>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+        default: conv_backward_input_s1<4, 4, KS>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+    }
+}
+
 __device__ void conv_backward_input_any(const cydnnNetLayer &L, const float *g, float *dx, cg::cluster_group &cluster,
                                         int rank, int ranks, float *wbuf, long wcap) {
     if (L.sh == 1 && L.sw == 1 && L.kh == L.kw) {
         switch (L.kh) {
-            case 1: conv_backward_input_s1<4, 4, 1>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
-            case 3: conv_backward_input_s1<4, 4, 3>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
-            case 5: conv_backward_input_s1<4, 4, 5>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+            case 1: conv_backward_input_sized<1>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+            case 3: conv_backward_input_sized<3>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
+            case 5: conv_backward_input_sized<5>(L, g, dx, cluster, rank, ranks, wbuf, wcap); return;
             default: break;
         }
     }

@@ -246,10 +246,11 @@ cdef class FusedTrain:
         """The train kernel's phase ends on image 0 (ns, %globaltimer) of the last step run with
         ``$CYDNN_FUSED_TRAIN_CLOCK=1`` (profiling): start, forward, saved inputs, loss, then the backward of
         layer l at [4 + l] (what was not timed holds whatever the scratch held); then the end of the train
-        kernel's last block, the start of the weight kernel and the end of its last block."""
+        kernel's last block, the start of the weight kernel and the end of its last block, a spare, and the
+        forward of layer l at [40 + l] (cpp/fused_train_args.cuh's kClocks)."""
         cdef DeviceArray scratch = self.arrays[5]
         words = scratch.numpy().view(np.uint64)
-        return words[len(words) - (8 + CYDNN_NET_MAX_LAYERS):].copy()
+        return words[len(words) - (8 + 2 * CYDNN_NET_MAX_LAYERS):].copy()
 
     def enqueue(self):
         check(cydnn_fused_train_step(ctx(), &self.net, &self.t, self.cluster), "fused_train_step")

@@ -126,6 +126,8 @@ class BuildExtWithCuda(build_ext):
         cpp_dir = os.path.abspath(CPP_DIR)
         base = [tc.nvcc, "-std=c++17", "-O3", "-Xcompiler", "-fPIC", "--threads", "1",
                 "-I" + cpp_dir, "-I" + staged_include] + arch_flags()
+        # extra nvcc flags for a developer's build, e.g. CYDNN_NVCC_FLAGS=-lineinfo for ncu's source view
+        base += os.environ.get("CYDNN_NVCC_FLAGS", "").split()
         cache = object_cache.cache_dir()
         headers = [os.path.abspath(h) for h in CU_HEADERS] + sorted(glob.glob(os.path.join(staged_include, "*.h")))
         toolchain = object_cache.tool_identity([tc.nvcc], [shutil.which("gcc") or "gcc"])

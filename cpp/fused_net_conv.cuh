@@ -86,9 +86,16 @@ CYDNN_NET_FN bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long r
     cs = (c_span + 3) / 4 * 4;
     if ((long)cs * ksize > wcap) return false;
     const float *g = L.weight + (long)c_lo * ksize;
-    for (int i = threadIdx.x; i < c_span * ksize; i += blockDim.x) {
-        const int co = i / ksize;
-        wbuf[(i - co * ksize) * cs + co] = CYDNN_NET_LDW(g + i);
+    const int n = c_span * ksize;
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * blockDim.x) {     // four loads in flight a thread
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = i0 + u * (int)blockDim.x < n ? CYDNN_NET_LDW(g + i0 + u * blockDim.x) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * (int)blockDim.x, co = i / ksize;
+            if (i < n) wbuf[(i - co * ksize) * cs + co] = v[u];
+        }
     }
     __syncthreads();
     return true;
@@ -203,8 +210,11 @@ CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *nex
     int c_lo, cs;
     const bool staged = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
     const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
-    // every lane of a warp runs the same number of rounds (the shuffles need them all)
+    const int warp_gid = (threadIdx.x & ~31) / G;          // the first group of this lane's warp
+    // every lane of a warp runs the same number of rounds (the shuffles need them all); a warp whose
+    // groups all fall past the block's share stops (warp-uniform)
     for (long base = lo; base < hi; base += groups) {
+        if (base + warp_gid >= hi) break;
         const long it = base + gid;
         const bool active = it < hi;
         const long item = active ? it : lo;
@@ -214,7 +224,7 @@ CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *nex
         const int co0 = g * 4;
         const float *wt = wbuf + (co0 - c_lo);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int ci = l; ci < C; ci += G) {
+        for (int ci = l; ci < (active ? C : 0); ci += G) {     // an idle group only joins the shuffles
             const float *plane = in + ci * H * W;
 #pragma unroll
             for (int ky = 0; ky < KH; ++ky) {

@@ -133,10 +133,21 @@ __device__ __forceinline__ bool stage_dgrad_weights(const cydnnNetLayer &L, long
     const int c_span = (c_hi_raw < C ? c_hi_raw : C) - c_lo;
     cs = (c_span + 3) / 4 * 4;
     if ((long)cs * taps > wcap) return false;
-    for (int i = threadIdx.x; i < c_span * taps; i += blockDim.x) {
-        const int c = i / taps, t = i - c * taps;            // t = k * kk + tap
-        const int k = t / kk, tap = t - k * kk;
-        wbuf[t * cs + c] = __ldg(L.weight + ((long)k * C + c_lo + c) * kk + tap);
+    const int n = c_span * taps;
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * blockDim.x) {     // four loads in flight a thread
+        float v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * (int)blockDim.x;
+            const int c = i / taps, t = i - c * taps;            // t = k * kk + tap
+            const int k = t / kk, tap = t - k * kk;
+            v[u] = i < n ? __ldg(L.weight + ((long)k * C + c_lo + c) * kk + tap) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * (int)blockDim.x, c = i / taps;
+            if (i < n) wbuf[(i - c * taps) * cs + c] = v[u];
+        }
     }
     __syncthreads();
     return true;
@@ -225,10 +236,12 @@ __device__ void conv_backward_input_s1(const cydnnNetLayer &L, const float *g, f
 
 // conv_backward_input_s1 for layers with few work items (a small image's deep layers: one item of 4
 // channels x 4 pixels a thread would leave most of the block idle, and the kernel waits on one warp's
-// latency): G lanes of a warp share an item, lane l taking the terms q = k * KS * KS + tap = l, l + G, ...
-// (neighbouring taps, so the G lanes read G different pixels: no bank conflicts), then a butterfly of
-// shuffles adds the G partial sums (a fixed order: deterministic) and lane l stores the item's values
-// l, l + G, ...  Weights staged as in conv_backward_input_s1, or read through the read-only cache.
+// latency): G lanes of a warp share an item, lane l taking the kernel rows r = k * KS + ky = l, l + G, ...
+// (each row's KS taps unrolled; neighbouring rows, so the G lanes read different pixel rows: no bank
+// conflicts), then a butterfly of shuffles adds the G partial sums (a fixed order: deterministic) and
+// lane l stores the item's values l, l + G, ...  A warp whose groups all fall past the block's share
+// skips the round (a warp-uniform test: the shuffles still see every lane of the warps that run).
+// Weights staged as in conv_backward_input_s1, or read through the read-only cache.
 template <int TCO, int TP, int KS, int G>
 __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g, float *dx, cg::cluster_group &cluster,
                                           int rank, int ranks, float *wbuf, long wcap) {
@@ -242,8 +255,10 @@ __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g
     int c_lo, cs;
     const bool staged = stage_dgrad_weights(L, lo, hi, row_items, TCO, KK, wbuf, wcap, c_lo, cs);
     const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
-    // every lane of a warp runs the same number of rounds (the shuffles need them all)
+    const int warp_gid = (threadIdx.x & ~31) / G;          // the first group of this lane's warp
+    const int rows = K * KS;
     for (long base = lo; base < hi; base += groups) {
+        if (base + warp_gid >= hi) break;                 // the whole warp is idle from here on
         const long it = base + gid;
         const bool active = it < hi;
         const long item = active ? it : lo;
@@ -257,12 +272,14 @@ __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g
         for (int a = 0; a < TCO; ++a)
 #pragma unroll
             for (int p = 0; p < TP; ++p) acc[a][p] = 0.0f;
-        int k = l / KK, t = l - (l / KK) * KK;
-        while (k < K) {
-            const int ky = t / KS, kx = t - (t / KS) * KS;
+        for (int r = l; r < (active ? rows : 0); r += G) {      // an idle group only joins the shuffles
+            const int k = r / KS, ky = r - k * KS;
             const int oy = iy + PH - ky;
-            if (oy >= 0 && oy < OH) {
-                const float *row = g + ((long)k * OH + oy) * OW;
+            if (oy < 0 || oy >= OH) continue;
+            const float *row = g + ((long)k * OH + oy) * OW;
+            const int tap0 = r * KS;                          // (k * KS + ky) * KS
+#pragma unroll
+            for (int kx = 0; kx < KS; ++kx) {
                 float gv[TP];
 #pragma unroll
                 for (int p = 0; p < TP; ++p) {
@@ -271,7 +288,7 @@ __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g
                 }
                 float wv[TCO];
                 if (staged && TCO == 4) {
-                    const float4 w4 = *reinterpret_cast<const float4 *>(wt + (k * KK + t) * cs);
+                    const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
                     wv[0] = w4.x;
                     wv[TCO > 1 ? 1 : 0] = w4.y;
                     wv[TCO > 2 ? 2 : 0] = w4.z;
@@ -279,18 +296,13 @@ __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g
                 } else {
 #pragma unroll
                     for (int a = 0; a < TCO; ++a)
-                        wv[a] = staged ? wt[(k * KK + t) * cs + a]
-                                       : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * KK + t) : 0.0f);
+                        wv[a] = staged ? wt[(tap0 + kx) * cs + a]
+                                       : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * KK + ky * KS + kx) : 0.0f);
                 }
 #pragma unroll
                 for (int a = 0; a < TCO; ++a)
 #pragma unroll
                     for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], gv[p], acc[a][p]);
-            }
-            t += G;                                   // the next term of this lane: q + G
-            while (t >= KK) {
-                t -= KK;
-                ++k;
             }
         }
 #pragma unroll
@@ -318,7 +330,7 @@ __device__ __forceinline__ int dgrad_lanes(const cydnnNetLayer &L, int ranks) {
     const long items = (long)((L.c + 3) / 4) * L.h * ((L.w + 3) / 4);
     const long per_block = (items + ranks - 1) / ranks;
     for (int G = 16; G >= 2; G /= 2)
-        if (per_block * G <= (long)blockDim.x && G <= L.k * L.kh * L.kw) return G;
+        if (per_block * G <= (long)blockDim.x && G <= L.k * L.kh) return G;
     return 1;
 }
 
@@ -353,9 +365,38 @@ __device__ void pool_backward_input(const cydnnNetLayer &L, const float *in, con
                                     cg::cluster_group &cluster, int rank, int ranks, bool is_max) {
     const int H = L.h, W = L.w, OH = L.oh, OW = L.ow, KH = L.kh, KW = L.kw;
     const int SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
-    long lo, hi;
-    share((long)L.c * H * W, rank, ranks, lo, hi);
     const float inv = 1.0f / (float)(KH * KW);
+    long lo, hi;
+    if (SH == KH && SW == KW && PH == 0 && PW == 0 && OH * KH == H && OW * KW == W) {
+        // windows that tile the input (LeNet's 2x2, stride 2): each input is in exactly one window, so a
+        // thread per window scans it once (the same first maximum) and writes all its inputs
+        share((long)L.c * OH * OW, rank, ranks, lo, hi);
+        for (long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+            const int c = (int)(e / (OH * OW));
+            const int rest = (int)(e - (long)c * OH * OW);
+            const int oy = rest / OW, ox = rest - (rest / OW) * OW;
+            const long base = (long)c * H * W + (long)oy * KH * W + ox * KW;
+            const float gv = g[e];
+            int best_at = 0;
+            if (is_max) {
+                float best = -INFINITY;
+                for (int yy = 0; yy < KH; ++yy)
+                    for (int xx = 0; xx < KW; ++xx) {
+                        const float v = in[base + yy * W + xx];
+                        if (v > best) {
+                            best = v;
+                            best_at = yy * KW + xx;
+                        }
+                    }
+            }
+            for (int yy = 0; yy < KH; ++yy)
+                for (int xx = 0; xx < KW; ++xx)
+                    store_all(cluster, dx, ranks, base + yy * W + xx,
+                              is_max ? (yy * KW + xx == best_at ? gv : 0.0f) : gv * inv);
+        }
+        return;
+    }
+    share((long)L.c * H * W, rank, ranks, lo, hi);
     for (long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
         const int c = (int)(e / (H * W));
         const int rest = (int)(e - (long)c * H * W);

@@ -74,6 +74,16 @@ __device__ __forceinline__ void share(long items, int rank, int ranks, long &lo,
     hi = lo + per < items ? lo + per : items;
 }
 
+// A tap's TCO staged weights, one float4 of four channels (TCO == 4: the caller's rows are 16-byte aligned).
+template <int TCO>
+__device__ __forceinline__ void staged4(const float *p, float (&wv)[TCO]) {
+    const float4 w4 = *reinterpret_cast<const float4 *>(p);
+    wv[0] = w4.x;
+    wv[TCO > 1 ? 1 : 0] = w4.y;
+    wv[TCO > 2 ? 2 : 0] = w4.z;
+    wv[TCO > 3 ? 3 : 0] = w4.w;
+}
+
 // Stage the weights of the output channels work items [lo, hi) touch (item / row_items is the
 // channel group of tco channels) into wbuf, transposed to [c * kh * kw][channel] with rows of cs
 // channels (a multiple of 4: a tap's four channels are one float4), if they fit in wcap floats.
@@ -150,11 +160,7 @@ CYDNN_NET_FN void conv_layer(const cydnnNetLayer &L, const float *in, float *nex
                     }
                     float wv[TCO];
                     if (staged && TCO == 4) {
-                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
-                        wv[0] = w4.x;
-                        wv[TCO > 1 ? 1 : 0] = w4.y;
-                        wv[TCO > 2 ? 2 : 0] = w4.z;
-                        wv[TCO > 3 ? 3 : 0] = w4.w;
+                        staged4(wt + (tap0 + kx) * cs, wv);
                     } else {
 #pragma unroll
                         for (int a = 0; a < TCO; ++a)
@@ -237,8 +243,7 @@ CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *nex
                     const float x = (ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
                     float wv[4];
                     if (staged) {
-                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
-                        wv[0] = w4.x; wv[1] = w4.y; wv[2] = w4.z; wv[3] = w4.w;
+                        staged4(wt + (tap0 + kx) * cs, wv);
                     } else {
 #pragma unroll
                         for (int a = 0; a < 4; ++a)

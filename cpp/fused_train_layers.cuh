@@ -153,6 +153,38 @@ __device__ __forceinline__ bool stage_dgrad_weights(const cydnnNetLayer &L, long
     return true;
 }
 
+// One kernel row (output channel k, row ky) of an input-gradient item: its KS taps over TCO input channels
+// (c0..) x TP pixels (pxg apart) of dx's row, from `row` (output channel k's gradient row iy + ph - ky),
+// the weights staged at wt + tap * cs (tap0: the row's first tap, (k * KS + ky) * KS) or read from L.weight.
+template <int TCO, int TP, int KS>
+__device__ __forceinline__ void dgrad_row(const cydnnNetLayer &L, int C, int OW, int PW, const float *row, int j,
+                                          int pxg, int k, int ky, int tap0, int c0, const float *wt, int cs,
+                                          bool staged, float (&acc)[TCO][TP]) {
+#pragma unroll
+    for (int kx = 0; kx < KS; ++kx) {
+        float gv[TP];
+#pragma unroll
+        for (int p = 0; p < TP; ++p) {
+            const int ox = (j + p * pxg) + PW - kx;
+            gv[p] = (ox >= 0 && ox < OW) ? row[ox] : 0.0f;
+        }
+        float wv[TCO];
+        if (staged && TCO == 4) {
+            staged4(wt + (tap0 + kx) * cs, wv);
+        } else {
+#pragma unroll
+            for (int a = 0; a < TCO; ++a)
+                wv[a] = staged ? wt[(tap0 + kx) * cs + a]
+                               : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * (KS * KS) + ky * KS + kx)
+                                             : 0.0f);
+        }
+#pragma unroll
+        for (int a = 0; a < TCO; ++a)
+#pragma unroll
+            for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], gv[p], acc[a][p]);
+    }
+}
+
 // Convolution with stride 1, dx = the correlation of g (padded by kh - 1 - ph, kw - 1 - pw) with the
 // flipped kernel: conv_layer's loop (fused_net_conv.cuh) with the roles of the channels swapped -- a
 // thread computes TCO input channels x TP pixels of one row, the reduction runs over the output
@@ -188,36 +220,8 @@ __device__ void conv_backward_input_s1(const cydnnNetLayer &L, const float *g, f
             for (int ky = 0; ky < KH; ++ky) {
                 const int oy = iy + PH - ky;
                 if (oy < 0 || oy >= OH) continue;
-                const float *row = plane + oy * OW;
-                const int tap0 = (k * KH + ky) * KW;
-#pragma unroll
-                for (int kx = 0; kx < KW; ++kx) {
-                    float gv[TP];
-#pragma unroll
-                    for (int p = 0; p < TP; ++p) {
-                        const int ox = (j + p * pxg) + PW - kx;
-                        gv[p] = (ox >= 0 && ox < OW) ? row[ox] : 0.0f;
-                    }
-                    float wv[TCO];
-                    if (staged && TCO == 4) {
-                        const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
-                        wv[0] = w4.x;
-                        wv[TCO > 1 ? 1 : 0] = w4.y;
-                        wv[TCO > 2 ? 2 : 0] = w4.z;
-                        wv[TCO > 3 ? 3 : 0] = w4.w;
-                    } else {
-#pragma unroll
-                        for (int a = 0; a < TCO; ++a)
-                            wv[a] = staged ? wt[(tap0 + kx) * cs + a]
-                                           : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * (KH * KW) +
-                                                                 ky * KW + kx)
-                                                         : 0.0f);
-                    }
-#pragma unroll
-                    for (int a = 0; a < TCO; ++a)
-#pragma unroll
-                        for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], gv[p], acc[a][p]);
-                }
+                dgrad_row<TCO, TP, KS>(L, C, OW, PW, plane + oy * OW, j, pxg, k, ky, (k * KH + ky) * KW, c0, wt, cs,
+                                       staged, acc);
             }
         }
 #pragma unroll
@@ -276,34 +280,8 @@ __device__ void conv_backward_input_split(const cydnnNetLayer &L, const float *g
             const int k = r / KS, ky = r - k * KS;
             const int oy = iy + PH - ky;
             if (oy < 0 || oy >= OH) continue;
-            const float *row = g + ((long)k * OH + oy) * OW;
-            const int tap0 = r * KS;                          // (k * KS + ky) * KS
-#pragma unroll
-            for (int kx = 0; kx < KS; ++kx) {
-                float gv[TP];
-#pragma unroll
-                for (int p = 0; p < TP; ++p) {
-                    const int ox = (j + p * pxg) + PW - kx;
-                    gv[p] = (ox >= 0 && ox < OW) ? row[ox] : 0.0f;
-                }
-                float wv[TCO];
-                if (staged && TCO == 4) {
-                    const float4 w4 = *reinterpret_cast<const float4 *>(wt + (tap0 + kx) * cs);
-                    wv[0] = w4.x;
-                    wv[TCO > 1 ? 1 : 0] = w4.y;
-                    wv[TCO > 2 ? 2 : 0] = w4.z;
-                    wv[TCO > 3 ? 3 : 0] = w4.w;
-                } else {
-#pragma unroll
-                    for (int a = 0; a < TCO; ++a)
-                        wv[a] = staged ? wt[(tap0 + kx) * cs + a]
-                                       : (c0 + a < C ? __ldg(L.weight + ((long)k * C + c0 + a) * KK + ky * KS + kx) : 0.0f);
-                }
-#pragma unroll
-                for (int a = 0; a < TCO; ++a)
-#pragma unroll
-                    for (int p = 0; p < TP; ++p) acc[a][p] = fmaf(wv[a], gv[p], acc[a][p]);
-            }
+            dgrad_row<TCO, TP, KS>(L, C, OW, PW, g + ((long)k * OH + oy) * OW, j, pxg, k, ky, r * KS, c0, wt, cs,
+                                   staged, acc);
         }
 #pragma unroll
         for (int off = G / 2; off > 0; off /= 2)

@@ -120,10 +120,11 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
             if (chunks > batch) chunks = batch;
             const long per = (batch + chunks - 1) / chunks;
             W.chunks = (int)((batch + per - 1) / per);          // no empty chunk
-            const long items = (long)L.k * L.c;
+            W.kb = conv_kb(L.kh);
+            const long items = (long)((L.k + W.kb - 1) / W.kb) * L.c;
             W.blocks = items * W.chunks;
             if (W.chunks > 1) {
-                W.partial = (float *)take(W.blocks * (L.kh * L.kw + 1));
+                W.partial = (float *)take(W.blocks * W.kb * (L.kh * L.kw + 1));
                 tickets += items;
             }
         }
@@ -136,7 +137,7 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
     for (int i = 0; i < w.num; ++i)
         if (w.L[i].chunks > 1) {
             w.L[i].ticket = tk;
-            if (tk) tk += (long)w.L[i].k * w.L[i].c;
+            if (tk) tk += (long)((w.L[i].k + w.L[i].kb - 1) / w.L[i].kb) * w.L[i].c;
         }
     Y.blocks = blocks;
     Y.scratch = s;

@@ -11,6 +11,10 @@ constexpr int kTrainThreads = 512;     // as the forward layers' tiles assume (f
 constexpr int kWThreads = 256;
 constexpr int kLossThreads = 256;      // loss.cu's kReduceThreads (the same tree)
 constexpr int kMaxTaps = 49;           // kh * kw of a convolution's weight gradient (templates below)
+// Output channels a work item of a convolution's weight gradient sums for (each x read serves them all):
+// two up to 5x5 kernels (2 x 26 sums a thread), one for 7x7 (49 + 1).
+__host__ __device__ constexpr int conv_kb(int ks) { return ks <= 5 ? 2 : 1; }
+constexpr int kMaxSums = 2 * (25 + 1);  // the most sums a work item has: conv_kb(ks) * (ks * ks + 1)
 constexpr int kTermsPerBlock = 2048;   // of a convolution's weight gradient, before its terms are split
 constexpr int kMaxChunks = 64;
 
@@ -58,12 +62,13 @@ __device__ __forceinline__ void tick_last(unsigned long long *clock, int i) {
 struct WLayer {
     int layer, op, k, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw;
     int chunks;                  // convolution: blocks a work item's terms are split over
+    int kb;                      // convolution: output channels a work item sums for (conv_kb)
     long first, blocks;          // the layer's blocks [first, first + blocks)
     long in_stride, out_stride;  // floats per image of x / d
     const float *x, *d;
     float *gw, *gb;
-    float *partial;              // chunks > 1: (items, chunks, taps + 1)
-    int *ticket;                 // chunks > 1: (items)
+    float *partial;              // chunks > 1: (items, chunks, kb * (taps + 1))
+    int *ticket;                 // chunks > 1: (items); items: ceil(k / kb) * c
 };
 
 struct WArgs {

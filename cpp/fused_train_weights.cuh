@@ -28,24 +28,27 @@ __device__ void block_sums(const float (&v)[N], float *red, float *out) {
     __syncthreads();
 }
 
-// A convolution's work item (k, c), chunk `chunk` of the batch's images: the sums over (image, output
-// position) of d * x for the KS * KS taps, and of d (the bias: the item with c == 0 writes it), into res.
+// A convolution's work item (KB output channels k0 = kg * KB.., input channel c), chunk `chunk` of the
+// batch's images: for each of its channels the sums over (image, output position) of d * x for the
+// KS * KS taps, and of d (the bias: the item with c == 0 writes it), into res[b * (T + 1) + tap].
 // A thread owns output positions (p0, p0 + P, ...) and every S-th image of the chunk: a position's taps,
-// their bounds and their offsets are worked out once and serve every image (the loop over images is a
-// load of d, KS * KS loads of x and as many multiply-adds).  The mapping is fixed: the same sums every run.
-template <int KS>
+// their bounds and their offsets are worked out once and serve every image (the loop over images is KB
+// loads of d, KS * KS loads of x, each serving the KB channels' multiply-adds).  The mapping is fixed: the
+// same sums every run, each channel's the same whatever KB is.
+template <int KS, int KB>
 __device__ void conv_weight_sums(const WLayer &W, int batch, const float *x, long item, int chunk, float *red,
                                  float *res) {
     constexpr int T = KS * KS;
-    const int k = (int)(item / W.c), c = (int)(item - (long)k * W.c);
+    const int kg = (int)(item / W.c), c = (int)(item - (long)kg * W.c);
+    const int k0 = kg * KB;
     const int plane = W.oh * W.ow;
     const int per = (batch + W.chunks - 1) / W.chunks;
     const int n0 = per * chunk, n1 = n0 + per < batch ? n0 + per : batch;
     const int P = plane < (int)blockDim.x ? plane : (int)blockDim.x;
     const int S = (int)blockDim.x / P;
-    float acc[T + 1];
+    float acc[KB * (T + 1)];
 #pragma unroll
-    for (int i = 0; i <= T; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < KB * (T + 1); ++i) acc[i] = 0.0f;
     if ((int)threadIdx.x < P * S) {
         const int s = (int)threadIdx.x / P;
         for (int p = (int)threadIdx.x % P; p < plane; p += P) {
@@ -59,47 +62,59 @@ __device__ void conv_weight_sums(const WLayer &W, int batch, const float *x, lon
                     if (iy0 + ky >= 0 && iy0 + ky < W.h && ix0 + kx >= 0 && ix0 + kx < W.w)
                         valid |= 1ull << (ky * KS + kx);
             const long base = (long)c * W.h * W.w + (long)iy0 * W.w + ix0;   // tap (0, 0), maybe outside
-            const float *dp = W.d + (long)k * plane + p;
+            const float *dp = W.d + (long)k0 * plane + p;
             for (int n = n0 + s; n < n1; n += S) {
-                const float dy = dp[(long)n * W.out_stride];
+                float dy[KB];
+#pragma unroll
+                for (int b = 0; b < KB; ++b) dy[b] = k0 + b < W.k ? dp[(long)n * W.out_stride + b * plane] : 0.0f;
                 const float *xp = x + (long)n * W.in_stride + base;
 #pragma unroll
                 for (int ky = 0; ky < KS; ++ky)
 #pragma unroll
                     for (int kx = 0; kx < KS; ++kx)
-                        if (valid >> (ky * KS + kx) & 1ull)
-                            acc[ky * KS + kx] = fmaf(dy, __ldg(xp + ky * W.w + kx), acc[ky * KS + kx]);
-                acc[T] += dy;
+                        if (valid >> (ky * KS + kx) & 1ull) {
+                            const float xv = __ldg(xp + ky * W.w + kx);
+#pragma unroll
+                            for (int b = 0; b < KB; ++b)
+                                acc[b * (T + 1) + ky * KS + kx] = fmaf(dy[b], xv, acc[b * (T + 1) + ky * KS + kx]);
+                        }
+#pragma unroll
+                for (int b = 0; b < KB; ++b) acc[b * (T + 1) + T] += dy[b];
             }
         }
     }
-    block_sums<T + 1>(acc, red, res);
+    block_sums<KB * (T + 1)>(acc, red, res);
 }
 
-// Write item's sums (T taps + the bias), or, when its terms are split, its chunk's partial sums, and
-// the last chunk to finish adds them all in chunk order.
+// Write item's sums (per channel: T taps + the bias), or, when its terms are split, its chunk's partial
+// sums, and the last chunk to finish adds them all in chunk order.
 __device__ void conv_weight_finish(const WLayer &W, long item, int chunk, int T, const float *res, int *last) {
-    const int k = (int)(item / W.c), c = (int)(item - (long)k * W.c);
+    const int kb = W.kb, n = kb * (T + 1);
+    const int kg = (int)(item / W.c), c = (int)(item - (long)kg * W.c);
     const bool bias = c == 0 && W.gb != nullptr;
+    auto put = [&](int i, float v) {             // sum i: channel kg * kb + i / (T + 1), tap (or bias) i % (T + 1)
+        const int b = i / (T + 1), t = i - b * (T + 1), k = kg * kb + b;
+        if (k >= W.k) return;
+        if (t < T) W.gw[((long)k * W.c + c) * T + t] = v;
+        else if (bias) W.gb[k] = v;
+    };
     if (W.chunks == 1) {
-        for (int i = threadIdx.x; i < T; i += blockDim.x) W.gw[item * T + i] = res[i];
-        if (bias && threadIdx.x == 0) W.gb[k] = res[T];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) put(i, res[i]);
         return;
     }
-    float *mine = W.partial + (item * W.chunks + chunk) * (T + 1);
-    for (int i = threadIdx.x; i <= T; i += blockDim.x) mine[i] = res[i];
+    float *mine = W.partial + (item * W.chunks + chunk) * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) mine[i] = res[i];
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) *last = atomicAdd(W.ticket + item, 1) == W.chunks - 1;
     __syncthreads();
     if (!*last) return;
     __threadfence();
-    const float *all = W.partial + item * W.chunks * (T + 1);
-    for (int i = threadIdx.x; i <= T; i += blockDim.x) {
+    const float *all = W.partial + item * W.chunks * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float s = 0.0f;
-        for (int ch = 0; ch < W.chunks; ++ch) s += __ldcg(all + (long)ch * (T + 1) + i);
-        if (i < T) W.gw[item * T + i] = s;
-        else if (bias) W.gb[k] = s;
+        for (int ch = 0; ch < W.chunks; ++ch) s += __ldcg(all + (long)ch * n + i);
+        put(i, s);
     }
 }
 
@@ -163,7 +178,7 @@ __device__ void conv_weight_grad(const WLayer &W, int batch, const float *x, lon
                                  int *last) {
     const long item = r / W.chunks;
     const int chunk = (int)(r - item * W.chunks);
-    conv_weight_sums<KS>(W, batch, x, item, chunk, sm, res);
+    conv_weight_sums<KS, conv_kb(KS)>(W, batch, x, item, chunk, sm, res);
     conv_weight_finish(W, item, chunk, KS * KS, res, last);
 }
 
@@ -208,7 +223,7 @@ __device__ void weight_block(const WArgs &a, const float *x, long b, float *sm, 
 __global__ void __launch_bounds__(kWThreads)
     fused_weight_kernel(const __grid_constant__ WArgs a, const float *x, long total) {
     __shared__ __align__(16) float sm[32 * 32 + 32 * 64];
-    __shared__ float res[kMaxTaps + 1];
+    __shared__ float res[kMaxSums];
     __shared__ int last;
     __shared__ WLayer layer;
     if (a.clock != nullptr && blockIdx.x == 0 && threadIdx.x == 0) a.clock[kWeightStart] = cydnn::globaltimer_ns();
@@ -220,6 +235,7 @@ __global__ void __launch_bounds__(kWThreads)
 }
 
 static_assert(kWThreads == kLossThreads, "block 0 of the weight kernel runs loss.cu's tree");
-static_assert((kWThreads / 32) * (kMaxTaps + 1) <= 32 * 32 + 32 * 64, "the tap sums' reduction fits in sm");
+static_assert((kWThreads / 32) * kMaxSums <= 32 * 32 + 32 * 64, "the tap sums' reduction fits in sm");
+static_assert(conv_kb(7) * (49 + 1) <= kMaxSums && conv_kb(5) * (25 + 1) <= kMaxSums, "res holds an item's sums");
 
 }  // namespace

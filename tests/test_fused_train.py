@@ -42,9 +42,17 @@ def mlp_acts(rng=0):
                          nn.Tanh(), nn.Linear(48, 10, rng=rng))
 
 
+def cnn3(rng=0):
+    """A 3x3 stride-1 convolution that is not the first (its input gradient: 16 lanes an item at any cluster
+    size) and average windows that tile their input (a thread per window in the backward)."""
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, rng=rng), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1, rng=rng), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
+                         nn.Linear(16 * 4 * 4, 10, rng=rng))
+
+
 NETS = {"lenet_widths": ZOO["lenet_widths"], "mlp": ZOO["mlp"], "allconv": ZOO["allconv"],
         "pool_first": (pool_first, (1, 28, 28)), "odd": (odd, (2, 15, 15)), "gap": (gap, (3, 12, 12)),
-        "mlp_acts": (mlp_acts, (1, 28, 28))}
+        "mlp_acts": (mlp_acts, (1, 28, 28)), "cnn3": (cnn3, (3, 16, 16))}
 
 
 # ---------------------------------------------------------------------- CPU

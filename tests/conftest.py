@@ -3,10 +3,17 @@
 Tests marked ``gpu`` need a usable CUDA device; where there is none they are
 skipped with the reason cydnn gives (no driver, no device, driver too old).
 """
+import os
+
 import numpy as np
 import pytest
 
-import cydnn
+# The suite compiles the same generated kernels many times on purpose (child processes, kills, limits):
+# the disk cache of compiled kernels (compiler/kernel_cache.py) is off unless a test turns it on, and the
+# suite never writes to the user's cache.
+os.environ.setdefault("CYDNN_KERNEL_CACHE", "off")
+
+import cydnn  # noqa: E402
 
 
 def _gpu_unavailable_reason():

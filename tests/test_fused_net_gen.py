@@ -100,6 +100,62 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
     assert code(direct) == code(dispatched)
 
 
+def test_the_kernel_cache_folder_and_its_switch(tmp_path):
+    from cydnn.compiler import kernel_cache
+    assert kernel_cache.cache_dir({"CYDNN_KERNEL_CACHE": "off"}) is None
+    assert kernel_cache.cache_dir({"CYDNN_KERNEL_CACHE": " 0 "}) is None
+    assert kernel_cache.cache_dir({"CYDNN_KERNEL_CACHE": str(tmp_path)}) == str(tmp_path)
+    assert kernel_cache.cache_dir({"XDG_CACHE_HOME": "/x/cache"}) == os.path.join("/x/cache", "cydnn", "kernels")
+    assert kernel_cache.cache_dir({}).endswith(os.path.join(".cache", "cydnn", "kernels"))
+    k = kernel_cache.key("src", {"a.h": "1"}, ["-O3"], "nvrtc 13.0")
+    assert k != kernel_cache.key("src", {"a.h": "2"}, ["-O3"], "nvrtc 13.0")        # a header changed
+    assert k != kernel_cache.key("src", {"a.h": "1"}, ["-O3"], "nvrtc 13.1")        # another NVRTC
+    assert k != kernel_cache.key("src2", {"a.h": "1"}, ["-O3"], "nvrtc 13.0")
+    assert k == kernel_cache.key("src", {"a.h": "1"}, ("-O3",), "nvrtc 13.0") and len(k) == 64
+
+
+def test_what_the_kernel_cache_reads_back_is_checked(tmp_path):
+    from cydnn.compiler import kernel_cache
+    elf = b"\x7fELF" + bytes(200)
+    assert kernel_cache.store(str(tmp_path), "k1", elf) and kernel_cache.load(str(tmp_path), "k1") == elf
+    assert [p.name for p in tmp_path.iterdir()] == ["k1.cubin"]              # no temporary file left
+    (tmp_path / "k2.cubin").write_bytes(b"#!/bin/sh\n" + bytes(200))        # not an ELF
+    (tmp_path / "k3.cubin").write_bytes(b"\x7fELF")                         # truncated
+    assert kernel_cache.load(str(tmp_path), "k2") is None and kernel_cache.load(str(tmp_path), "k3") is None
+    assert kernel_cache.load(str(tmp_path), "missing") is None and kernel_cache.load(None, "k1") is None
+    big = tmp_path / "k4.cubin"
+    with open(big, "wb") as f:                                               # over the bound: not read whole
+        f.write(b"\x7fELF")
+        f.seek(kernel_cache.MAX_BYTES + 10)
+        f.write(b"\0")
+    assert kernel_cache.load(str(tmp_path), "k4") is None
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    assert kernel_cache.store(str(blocked), "k5", elf) is False               # refused: no error, no cache
+    assert kernel_cache.store(None, "k5", elf) is False
+
+
+@needs_nvrtc
+def test_a_second_compile_of_the_same_source_comes_from_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path / "kernels"))
+    _, _, nodes, layers = _layers("mlp")
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
+    first = fused_net_gen.Generation(text)
+    assert first.wait(120) and not first.cached and first._proc is not None    # NVRTC, in a child process
+    entries = list((tmp_path / "kernels").iterdir())
+    assert len(entries) == 1 and entries[0].read_bytes() == first.result()
+    again = fused_net_gen.Generation(text)
+    assert again.done() and again.cached and again._proc is None and again.result() == first.result()
+    entries[0].write_bytes(b"garbage")                                       # a damaged entry: compiled again
+    third = fused_net_gen.Generation(text)
+    assert third.wait(120) and not third.cached and third.result() == first.result()
+    assert entries[0].read_bytes() == first.result()                         # and the entry mended
+    other = fused_net_gen.Generation(text.replace("write_output", "write_output ", 1))
+    assert other.wait(120) and not other.cached                              # another source: its own entry
+    assert len(list((tmp_path / "kernels").iterdir())) == 2
+
+
 @needs_nvrtc
 def test_a_source_nvrtc_refuses_comes_back_with_its_log():
     with pytest.raises(fused_net_gen.GenerationError, match=r"NVRTC refused the generated source: .*undefined"):

@@ -20,6 +20,17 @@ def _check(lib, status, what):
         raise NvrtcError(f"NVRTC {what}: {lib.nvrtcGetErrorString(status).decode()}")
 
 
+def version(lib_path):
+    """NVRTC's (major, minor)."""
+    try:
+        lib = ctypes.CDLL(lib_path)
+    except OSError as e:
+        raise NvrtcError(f"NVRTC not loadable from {lib_path}: {e}") from None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _check(lib, lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "version")
+    return major.value, minor.value
+
+
 def compile_source(lib_path, text, headers, options, ptx=False):
     """cubin bytes of ``text`` (``headers``: {include name: text}) compiled with ``options``; with
     ``ptx``, the PTX text instead (``options`` then name a virtual architecture, compute_XX)."""

@@ -32,6 +32,7 @@ import weakref
 from pathlib import Path
 
 from . import _nvrtc as _nvrtc_mod
+from . import kernel_cache
 
 __all__ = ["source", "compile_cubin", "GenerationError", "KERNEL_NAME", "headers", "Generation",
            "GeneratedKernels", "enabled"]
@@ -157,6 +158,20 @@ def _nvrtc():
     raise GenerationError("NVRTC not found: " + "; ".join(errors))
 
 
+_identity = None
+
+
+def _nvrtc_identity():
+    """Which NVRTC compiles (its path and version): part of a cached kernel's key."""
+    global _identity
+    if _identity is None:
+        try:
+            _identity = "%s %d.%d" % ((_nvrtc(),) + _nvrtc_mod.version(_nvrtc()))
+        except _nvrtc_mod.NvrtcError as e:
+            raise GenerationError(str(e)) from None
+    return _identity
+
+
 def _options(arch):
     return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device"]
 
@@ -182,21 +197,35 @@ class Generation:
     """One background compile: ``text`` -> cubin by NVRTC in a child process (compiler/_nvrtc.py), so
     that neither a compile still running at exit nor a crash inside NVRTC touches this process; one
     still running when the program exits is killed.  At most MAX_RUNNING children run at once (the
-    others wait their turn: a test suite or a notebook makes many networks).  ``done()`` polls;
-    ``result()`` once done: the cubin, or raises the GenerationError."""
+    others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
+    from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
+    ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
+    raises the GenerationError."""
 
     def __init__(self, text, arch=ARCH):
-        self.cubin, self.error, self.seconds = None, None, None
+        self.cubin, self.error, self.seconds, self.cached = None, None, None, False
         self._t0 = time.perf_counter()
-        self._dir = tempfile.mkdtemp(prefix="cydnn-nvrtc-")
-        self._out = os.path.join(self._dir, "kernel.cubin")
-        self._spec = os.path.join(self._dir, "spec.json")
-        self._proc = None
+        self._dir, self._proc, self._cache, self._key = None, None, None, None
         try:
+            spec = {"lib": _nvrtc(), "text": text, "headers": headers(), "options": _options(arch)}
+            self._cache = kernel_cache.cache_dir()
+            self._key = kernel_cache.key(text, spec["headers"], spec["options"], _nvrtc_identity())
+        except GenerationError as e:
+            self._finish(e)
+            return
+        cubin = kernel_cache.load(self._cache, self._key)
+        if cubin is not None:
+            self.cubin, self.cached = cubin, True
+            self._finish()
+            return
+        try:
+            self._dir = tempfile.mkdtemp(prefix="cydnn-nvrtc-")
+            self._out = os.path.join(self._dir, "kernel.cubin")
+            self._spec = os.path.join(self._dir, "spec.json")
             with open(self._spec, "w") as f:
-                json.dump({"lib": _nvrtc(), "text": text, "headers": headers(), "options": _options(arch)}, f)
-        except (GenerationError, OSError) as e:
-            self._finish(e if isinstance(e, GenerationError) else GenerationError(f"cannot write NVRTC's input: {e}"))
+                json.dump(spec, f)
+        except OSError as e:
+            self._finish(GenerationError(f"cannot write NVRTC's input: {e}"))
             return
         _queue.append(self)
         _pump()
@@ -215,7 +244,8 @@ class Generation:
         _running.discard(self)
         if self in _queue:
             _queue.remove(self)
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
         _pump()
 
     def done(self):
@@ -230,6 +260,7 @@ class Generation:
         if code == 0 and os.path.isfile(self._out):
             with open(self._out, "rb") as f:
                 self.cubin = f.read()
+            kernel_cache.store(self._cache, self._key, self.cubin)
             self._finish()
         elif os.path.isfile(self._out + ".err"):
             with open(self._out + ".err") as f:
@@ -337,6 +368,7 @@ class GeneratedKernels:
         gen = self._pending.pop(cluster)
         info = self.info[cluster]
         info["compile_s"] = round(gen.seconds, 2)
+        info["cached"] = gen.cached
         try:
             kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)
             ok, trial = self._trial()(cluster, kernel)

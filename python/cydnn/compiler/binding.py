@@ -125,6 +125,9 @@ class _Runner:
         self.use_graph = use_graph
         self.ready = False
         self.reason = "" if use_graph else "CUDA graphs switched off (cuda_graph=False)"
+        # set by CompiledStep (compiled.py): the (batch, input shape) it serves, the batch norms whose
+        # counters it advances, and the fused step's runner waiting for the first batch's trial
+        self.key, self.counted, self.candidate = None, [], None
 
     def prepare(self, snapshot=None, compare=()):
         """First use: plain run, capture, replay, compare (``snapshot()`` restores the state the run changed)."""

@@ -110,7 +110,7 @@ class CompiledStep:
             self._fused_trials[key] = {"used": False, "reason": f"not bound: {e}"}
             log.info("compile: fused step not used: %s", e)
             return None
-        cand.counted, cand.key, cand.candidate = [], key, None
+        cand.key = key
         return cand
 
     def _prepare(self, runner, x, y):

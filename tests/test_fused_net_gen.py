@@ -106,7 +106,7 @@ def test_the_kernel_cache_folder_and_its_switch(tmp_path):
     assert kernel_cache.cache_dir({"CYDNN_KERNEL_CACHE": " 0 "}) is None
     assert kernel_cache.cache_dir({"CYDNN_KERNEL_CACHE": str(tmp_path)}) == str(tmp_path)
     assert kernel_cache.cache_dir({"XDG_CACHE_HOME": "/x/cache"}) == os.path.join("/x/cache", "cydnn", "kernels")
-    assert kernel_cache.cache_dir({}).endswith(os.path.join(".cache", "cydnn", "kernels"))
+    assert kernel_cache.cache_dir({}) == os.path.join(os.path.expanduser("~"), ".cache", "cydnn", "kernels")
     k = kernel_cache.key("src", {"a.h": "1"}, ["-O3"], "nvrtc 13.0")
     assert k != kernel_cache.key("src", {"a.h": "2"}, ["-O3"], "nvrtc 13.0")        # a header changed
     assert k != kernel_cache.key("src", {"a.h": "1"}, ["-O3"], "nvrtc 13.1")        # another NVRTC
@@ -129,6 +129,18 @@ def test_what_the_kernel_cache_reads_back_is_checked(tmp_path):
         f.seek(kernel_cache.MAX_BYTES + 10)
         f.write(b"\0")
     assert kernel_cache.load(str(tmp_path), "k4") is None
+    (tmp_path / "k6.cubin").write_bytes(b"\x7fELF" + bytes(60))             # the smallest it takes: 64 bytes
+    (tmp_path / "k7.cubin").write_bytes(b"\x7fELF" + bytes(59))
+    assert kernel_cache.load(str(tmp_path), "k6") is not None and kernel_cache.load(str(tmp_path), "k7") is None
+    with open(tmp_path / "k8.cubin", "wb") as f:                             # exactly the bound: taken
+        f.write(b"\x7fELF")
+        f.seek(kernel_cache.MAX_BYTES - 1)
+        f.write(b"\0")
+    assert len(kernel_cache.load(str(tmp_path), "k8")) == kernel_cache.MAX_BYTES
+    (tmp_path / "k9.cubin").mkdir()                                          # the rename fails: no leftovers
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert kernel_cache.store(str(tmp_path), "k9", elf) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
     blocked = tmp_path / "a_file"
     blocked.write_text("not a folder")
     assert kernel_cache.store(str(blocked), "k5", elf) is False               # refused: no error, no cache

@@ -60,7 +60,7 @@ TABLE = {
     "datasets": (["cydnn/datasets"], ["tests/test_datasets*.py", "tests/test_faults_download*.py",
                                       "tests/test_download_lock.py"]),
     # The compiler's Python passes (trace, passes, lower, ...).
-    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py", "tests/test_fused_train.py"]),
+    "compiler": (["cydnn/compiler"], ["tests/test_compiler*.py", "tests/test_fused_train.py", "tests/test_fused_net_gen.py"]),
 }
 
 KILLED = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}     # failed, pytest error, timeouts, crashes, type check
@@ -79,19 +79,20 @@ def _toml_list(items):
 
 
 def stage(scratch, sources, tests, skip=()):
-    """The scratch copy: src/cydnn (with the built extension), tests/, cpp/, and a pyproject.toml with
+    """The scratch copy: src/cydnn (with the built extension), tests/, cpp/, setup.py, and a pyproject.toml with
     the project's pytest settings plus mutmut's."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.c", "*.cpp", "build")
     shutil.copytree(ROOT / "python" / "cydnn", scratch / "src" / "cydnn", ignore=ignore, symlinks=True)
     shutil.copytree(ROOT / "tests", scratch / "tests", ignore=ignore, symlinks=True)
     shutil.copytree(ROOT / "cpp", scratch / "cpp")      # tests/test_compiler_kernels.py reads the C sources
+    shutil.copy2(ROOT / "setup.py", scratch / "setup.py")   # test_fused_net_gen.py reads its header list
     text = (ROOT / "pyproject.toml").read_text()
     text = text[text.index("[tool.pytest.ini_options]"):] if "[tool.pytest.ini_options]" in text else ""
 
     toml_list = _toml_list
     text += ("\n[tool.mutmut]\n"
              f"source_paths = {toml_list('src/' + s for s in sources)}\n"
-             'also_copy = ["src/cydnn", "cpp"]\n'
+             'also_copy = ["src/cydnn", "cpp", "setup.py"]\n'
              f"do_not_mutate = {toml_list('src/' + p for p in skip)}\n"
              f"pytest_add_cli_args_test_selection = {toml_list(tests)}\n"
              'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n')

@@ -297,6 +297,28 @@ def test_a_compiled_inference_adopts_the_generated_kernel_and_sees_new_weights(n
 
 
 @gpu
+@needs_nvrtc
+def test_a_kernel_from_the_disk_cache_runs_and_gives_nvrtcs_outputs(tmp_path, monkeypatch):
+    monkeypatch.delenv("CYDNN_FUSED_GEN", raising=False)
+    monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path / "kernels"))
+    make, shape = ZOO["cnn32"]
+    model = make().to("cuda").eval()
+    x = np.random.default_rng(23).standard_normal((1,) + shape).astype(np.float32)
+    want = model(_C.to_device(x)).numpy()
+    runs = []
+    for _ in range(2):                               # NVRTC, then the cubin it left on disk
+        infer = cydnn.compile(model, input_shape=shape, fused_net="force")
+        cluster = infer.info()["fused_net"]["clusters"][1]
+        info = infer.wait_generated()[cluster]
+        assert info["max_diff"] <= 1e-5 and info["status"] in ("in use", "not used"), info
+        runs.append((info["cached"], infer(x)))
+    assert [cached for cached, _ in runs] == [False, True]
+    assert len(list((tmp_path / "kernels").iterdir())) == 1
+    np.testing.assert_array_equal(runs[1][1], runs[0][1])
+    np.testing.assert_allclose(runs[1][1], want, rtol=1e-5, atol=2e-6)
+
+
+@gpu
 def test_switched_off_nothing_is_generated(monkeypatch):
     monkeypatch.setenv("CYDNN_FUSED_GEN", "0")
     make, shape = ZOO["mlp"]

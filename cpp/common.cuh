@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 
 #include "cydnn.h"
 
@@ -66,6 +67,14 @@ struct cydnnContext {
     bool workspace_captured = false;
     std::vector<void *> retired_workspaces;
     void *cublas_workspace = nullptr;
+
+    // cuBLASLt (linear.cu), made on a linear layer's first call: its handle, a workspace for each of the
+    // two streams, and a second stream on which a layer's weight gradient runs beside its input gradient
+    // (a fork and a join by events: eager, two streams; captured, two branches of the graph).
+    cublasLtHandle_t lt = nullptr;
+    void *lt_workspace[2] = {nullptr, nullptr};
+    cudaStream_t side = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
 
     // Plans built once per shape, keyed by a readable string, e.g.
     // "conv:n=64,c=1,h=28,w=28,k=6,...".

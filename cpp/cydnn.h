@@ -268,10 +268,15 @@ cydnnStatus_t cydnn_batch_norm_backward_inference(cydnnContext *ctx, int n, int 
 
 /* ----------------------------------------------------------------- linear */
 /* x (n, in), weight (out, in) as PyTorch, bias (out) or NULL, y (n, out):
- * y = x weight^T + bias.  cuBLAS SGEMM on row-major data.  Backward writes
- * dx (n, in), dweight (out, in), dbias (out); dx and dbias may be NULL. */
+ * y = x weight^T + bias.  cuBLASLt on row-major data, the bias in its epilogue.  Backward writes
+ * dx (n, in), dweight (out, in), dbias (out); dx and dbias may be NULL (dweight runs on a second
+ * stream beside dx, joined before the call returns).  _act: act 0 (none) or CYDNN_ACT_RELU (1)
+ * applied in the same epilogue: y = max(x weight^T + bias, 0). */
 cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const float *weight,
                                    const float *bias, float *y, int n, int in_features, int out_features);
+cydnnStatus_t cydnn_linear_forward_act(cydnnContext *ctx, const float *x, const float *weight,
+                                       const float *bias, float *y, int n, int in_features, int out_features,
+                                       int act);
 cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight,
                                     const float *dy, float *dx, float *dweight, float *dbias,
                                     int n, int in_features, int out_features);

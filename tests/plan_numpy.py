@@ -71,7 +71,10 @@ class NumpyPlan:
         b[s.writes[0]][...] = _act(self._conv(s, b[s.reads[0]], b[s.reads[1]], bias), s.args["act"], s.args["slope"])
 
     def _linear_forward(self, s, b, lr):
-        b[s.writes[0]][...] = b[s.reads[0]] @ b[s.reads[1]].T
+        v = b[s.reads[0]] @ b[s.reads[1]].T
+        if s.args.get("bias"):
+            v = v + b[s.args["bias"]]
+        b[s.writes[0]][...] = _act(v, s.args.get("act", 0), 0.0)
 
     def _bias_act_forward(self, s, b, lr):
         v = b[s.reads[0]]

@@ -147,11 +147,11 @@ def test_training_plan_reads_only_what_an_earlier_step_wrote():
 def test_explain_lists_layers_steps_kernels_and_bytes():
     text = _plan(mlp, (1, 28, 28), batch=64).explain()
     assert "plan (train, batch 64)" in text
-    assert "fuse: 1 (linear) + 2 (relu) -> bias_act epilogue" in text
-    assert "cublasSgemm" in text and "flat_update_kernel" in text
+    assert "fuse: 1 (linear) + 2 (relu) -> cuBLASLt epilogue" in text
+    assert "cublasLtMatmul" in text and "flat_update_kernel" in text
     assert "arena:" in text and "B" in text
     one = _plan(mlp, (1, 28, 28), batch=1, training=False)
-    assert one.kernel_count() == 4        # gemm, bias+relu, gemm, bias
+    assert one.kernel_count() == 2        # gemm + bias + relu, gemm + bias (cuBLASLt epilogues)
 
 
 def test_fusion_removes_kernels():

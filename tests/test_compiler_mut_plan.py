@@ -54,13 +54,12 @@ def test_training_steps_of_a_small_network():
         ("max_pool_forward", "4 max_pool", ("a1",), ("a2",), ("cudnnPoolingForward",)),
         ("bn_act_forward", "5 batch_norm + sigmoid", ("a2", "5.weight", "5.bias", "5.running_mean", "5.running_var"),
          ("a3", "bnmean3", "bnistd3", "5.running_mean", "5.running_var"), bn),
-        ("linear_forward", "8 forward", ("a4", "8.weight"), ("a5",), ("cublasSgemm",)),
-        ("linear_forward", "9 forward", ("a5", "9.weight"), ("a6",), ("cublasSgemm",)),
-        ("bias_act_forward", "9 bias", ("a6", "9.bias"), ("a6",), ("bias_act_forward_kernel",)),
+        ("linear_forward", "8 forward", ("a4", "8.weight"), ("a5",), ("cublasLtMatmul",)),
+        ("linear_forward", "9 forward + bias", ("a5", "9.weight", "9.bias"), ("a6",), ("cublasLtMatmul",)),
         ("softmax_cross_entropy", "loss", ("a6", "labels"), ("loss", "g6"), ("cross_entropy_rows_kernel", "mean_kernel")),
         ("bias_act_backward", "9 bias backward", ("a6", "g6"), ("d:9.bias",), ("act_backward_partial_kernel",)),
-        ("linear_backward", "9 backward", ("a5", "9.weight", "g6"), ("g5", "d:9.weight"), ("cublasSgemm",) * 2),
-        ("linear_backward", "8 backward", ("a4", "8.weight", "g5"), ("g4", "d:8.weight"), ("cublasSgemm",) * 2),
+        ("linear_backward", "9 backward", ("a5", "9.weight", "g6"), ("g5", "d:9.weight"), ("cublasLtMatmul",) * 2),
+        ("linear_backward", "8 backward", ("a4", "8.weight", "g5"), ("g4", "d:8.weight"), ("cublasLtMatmul",) * 2),
         ("bn_act_backward", "5 sigmoid + batch_norm backward", ("a2", "a3", "g3", "5.weight", "bnmean3", "bnistd3"),
          ("g2", "d:5.weight", "d:5.bias"), ("bn_grad_partial_kernel", "bn_dx_kernel")),
         ("max_pool_backward", "4 max_pool backward", ("a1", "g2"), ("g1",), ("max_pool_backward_kernel",)),
@@ -77,14 +76,14 @@ def test_training_steps_of_a_small_network():
     assert args[1] == dict(stride=(1, 1), padding=(0, 0), bias=None, act=4, slope=pytest.approx(0.2))
     assert args[2] == dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
     assert args[3] == dict(saved=("bnmean3", "bnistd3"), act=3, slope=0.0, eps=1e-5, momentum=pytest.approx(0.1))
-    assert args[6] == dict(act=0, slope=0.0)
-    assert args[8] == dict(act=0, slope=0.0, dx=None, dbias="d:9.bias")
-    assert args[9] == dict(dx="g5", dw="d:9.weight")
-    assert args[11] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
+    assert args[4] == dict(bias=None, act=0) and args[5] == dict(bias="9.bias", act=0)   # the bias: Lt's epilogue
+    assert args[7] == dict(act=0, slope=0.0, dx=None, dbias="d:9.bias")
+    assert args[8] == dict(dx="g5", dw="d:9.weight")
+    assert args[10] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
                             grads=("d:5.weight", "d:5.bias"), saved=("bnmean3", "bnistd3"))
-    assert args[13] == dict(act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
-    assert args[14] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
-    assert args[16] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
+    assert args[12] == dict(act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
+    assert args[13] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
+    assert args[15] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
     b = plan.buffers
     assert (b["x"].shape, b["x"].role) == ((2, 1, 6, 6), "input")
     assert (b["labels"].shape, b["labels"].dtype, b["labels"].role) == ((2,), "int32", "label")
@@ -107,9 +106,9 @@ def test_inference_steps_fold_and_alias():
         ("conv_bias_act", "0 forward + bias", ("x", "0.weight", "0.bias"), ("a0",), CONV),
         ("fold_batch_norm", "5 folded into 4", ("4.weight", "4.bias", "5.weight", "5.bias", "5.running_mean",
                                                 "5.running_var"), ("wfold4", "bfold4"), ("fold_batch_norm_kernel",)),
-        ("linear_forward", "4 forward", ("a3", "wfold4"), ("a4",), ("cublasSgemm",)),
+        ("linear_forward", "4 forward", ("a3", "wfold4"), ("a4",), ("cublasLtMatmul",)),
         ("bias_act_forward", "4 folded bias + tanh", ("a4", "bfold4"), ("a4",), ("bias_act_forward_kernel",)),
-        ("linear_forward", "7 forward", ("a4", "7.weight"), ("a5",), ("cublasSgemm",))]
+        ("linear_forward", "7 forward", ("a4", "7.weight"), ("a5",), ("cublasLtMatmul",))]
     b = plan.buffers
     assert (b["a1"].alias_of, b["a2"].alias_of, b["a3"].alias_of) == ("a0", "a1", "a2")
     assert (b["a2"].shape, b["a3"].shape) == ((3, 12), (3, 12))
@@ -141,7 +140,8 @@ def test_folded_conv_without_bias_and_a_trained_linear_batch_norm_without_activa
         ("conv_bias_act", "0 forward + folded bias", ("x", "wfold0", "bfold0"), ("a0",), CONV)]
     assert infer.steps[0].args["bias"] is None and infer.steps[1].args == dict(
         stride=(1, 1), padding=(0, 0), bias="bfold0", act=0, slope=0.0)
-    assert infer.steps[4].name == "3 folded bias" and infer.steps[4].args == dict(act=0, slope=0.0)
+    assert infer.steps[3].name == "3 forward + folded bias" and infer.steps[3].args == dict(bias="bfold2", act=0)
+    assert infer.steps[3].reads == ("a1", "wfold2", "bfold2")          # the folded bias: Lt's epilogue
     train = _build_plan(model, (1, 4, 4), 2, True, {})[0]
     kinds = {s.name: (s.kind, s.reads, s.writes) for s in train.steps}
     assert kinds["4 batch_norm"][0] == "bn_act_forward"
@@ -367,11 +367,11 @@ def test_names_and_kernels_of_the_remaining_step_kinds():
     fused = _build_plan(model, (6,), 2, False, {})[0]
     train = _build_plan(model, (6,), 2, True, {"fuse": False})[0]
     act, bnk = ("bias_act_forward_kernel",), ("cudnnBatchNormalizationForwardInference",)
-    assert [(s.name, s.kernels) for s in fused.steps][:6] == [
-        ("0 forward", ("cublasSgemm",)), ("0 bias + relu", act), ("2 forward", ("cublasSgemm",)), ("2 tanh", act),
+    assert [(s.name, s.kernels) for s in fused.steps][:5] == [
+        ("0 forward + bias + relu", ("cublasLtMatmul",)), ("2 forward", ("cublasLtMatmul",)), ("2 tanh", act),
         ("4 batch_norm", bnk), ("4 sigmoid", act)]
-    assert [(s.name, s.kernels) for s in infer.steps][:8] == [
-        ("0 forward", ("cublasSgemm",)), ("0 bias", act), ("1 relu", act), ("2 forward", ("cublasSgemm",)),
+    assert [(s.name, s.kernels) for s in infer.steps][:7] == [
+        ("0 forward + bias", ("cublasLtMatmul",)), ("1 relu", act), ("2 forward", ("cublasLtMatmul",)),
         ("3 tanh", act), ("4 batch_norm", bnk), ("5 sigmoid", act), ("7 tanh", act)]
     named = {s.name: s for s in train.steps}
     assert named["6 dropout"].kernels == ("dropout_step_kernel",)

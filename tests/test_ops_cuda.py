@@ -196,6 +196,47 @@ def test_linear(xs, out_features, bias, rng):
         check(f"linear_backward {name}", got, want)
 
 
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_linear_on_cublaslt_epilogues_odd_alignments_and_a_captured_fork(offset, rng):
+    """cuBLASLt with the bias and ReLU in its epilogue, on views 4 or 12 bytes past an aligned block (a plan per
+    alignment: an algorithm that assumed 16 bytes would read the wrong floats), and the backward's weight gradient
+    on the second stream: eager, then inside a captured graph replayed on new inputs."""
+    from cydnn import _C
+    n, fin, fout = 64, 200, 96
+    x, w, b, dy = f32(rng, n, fin), f32(rng, fout, fin, scale=0.1), f32(rng, fout), f32(rng, n, fout)
+
+    def at(a):                          # a copy of `a` that starts `offset` floats into a fresh block
+        block = cydnn.to_device(np.concatenate([np.zeros(offset, np.float32), a.ravel()]))
+        return _C.view(block, offset, a.shape), block
+    (dx_, kx), (dw_, kw), (db_, kb), (dy_, kd) = at(x), at(w), at(b), at(dy)
+    y_, ky = at(np.zeros((n, fout), np.float32))
+    z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    for act, want in ((0, z), (1, np.maximum(z, 0))):
+        _C.linear_forward(dx_, dw_, db_, y_, act)
+        check(f"linear_forward act={act} offset={offset}", y_, want)
+    with pytest.raises(cydnn.CydnnError, match="linear_forward: act must be 0 .none. or 1 .relu., got 2"):
+        _C.linear_forward(dx_, dw_, db_, y_, 2)
+    gx, gw = at(np.zeros((n, fin), np.float32)), at(np.zeros((fout, fin), np.float32))
+    want_dx, want_dw = dy.astype(np.float64) @ w, dy.astype(np.float64).T @ x
+    _C.linear_backward(dx_, dw_, dy_, gx[0], gw[0], None)
+    check("linear_backward dx (eager)", gx[0], want_dx)
+    check("linear_backward dw (second stream, eager)", gw[0], want_dw)
+    _C.graph_begin()
+    try:
+        _C.linear_backward(dx_, dw_, dy_, gx[0], gw[0], None)
+    except BaseException:
+        _C.graph_end(True)
+        raise
+    graph = _C.graph_end()
+    for seed in (1, 2):
+        dy2 = f32(np.random.default_rng(seed), n, fout)
+        dy_.set_(dy2)
+        gx[0].zero_(), gw[0].zero_()
+        graph.launch()
+        check(f"linear_backward dx (graph, replay {seed})", gx[0], dy2.astype(np.float64) @ w)
+        check(f"linear_backward dw (graph branch, replay {seed})", gw[0], dy2.astype(np.float64).T @ x)
+
+
 # ------------------------------------------------------------------ losses
 @pytest.mark.parametrize("shape", [(1, 10), (7, 3), (256, 10), (33, 1000)])
 def test_softmax_and_cross_entropy(shape, rng):

@@ -128,6 +128,8 @@ cdef extern from "cydnn.h" nogil:
 
     cydnnStatus_t cydnn_linear_forward(cydnnContext *ctx, const float *x, const float *weight, const float *bias,
                                        float *y, int n, int in_features, int out_features)
+    cydnnStatus_t cydnn_linear_forward_act(cydnnContext *ctx, const float *x, const float *weight, const float *bias,
+                                           float *y, int n, int in_features, int out_features, int act)
     cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight, const float *dy,
                                         float *dx, float *dweight, float *dbias, int n, int in_features,
                                         int out_features)

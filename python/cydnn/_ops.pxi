@@ -172,10 +172,12 @@ def batch_norm_backward(DeviceArray x not None, DeviceArray dy not None, DeviceA
 
 
 # -------------------------------------------------------------------- linear
-def linear_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None):
-    """y = x w^T + b: cydnn_linear_forward -> cublasSgemm (+ bias kernel)."""
-    check(cydnn_linear_forward(ctx(), f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"),
-                               x.shape[0], x.shape[1], w.shape[0]), "linear_forward")
+def linear_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None,
+                   int act=0):
+    """y = act(x w^T + b): cydnn_linear_forward_act -> cublasLtMatmul, the bias and the activation (0 none,
+    1 relu) in its epilogue."""
+    check(cydnn_linear_forward_act(ctx(), f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"),
+                                   x.shape[0], x.shape[1], w.shape[0], act), "linear_forward")
 
 
 def linear_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dw not None, DeviceArray db):

@@ -87,7 +87,8 @@ DISPATCH = {
     "conv_forward": lambda b, s: (_C.conv_forward, (b[s.reads[0]], b[s.reads[1]], None, b[s.writes[0]],
                                                     s.args["stride"], s.args["padding"])),
     "conv_bias_act": _conv_bias_act,
-    "linear_forward": lambda b, s: (_C.linear_forward, (b[s.reads[0]], b[s.reads[1]], None, b[s.writes[0]])),
+    "linear_forward": lambda b, s: (_C.linear_forward, (b[s.reads[0]], b[s.reads[1]], b.get(s.args.get("bias")),
+                                                        b[s.writes[0]], s.args.get("act", 0))),
     "bias_act_forward": lambda b, s: (_C.bias_act_forward, (
         b[s.reads[0]], b[s.reads[1]] if len(s.reads) > 1 else None, b[s.writes[0]],
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),

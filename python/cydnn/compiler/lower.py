@@ -23,7 +23,10 @@ _CONV_FWD = "cudnnConvolutionForward"
 CONV_BIAS_ACT = (_CONV_FWD, "bias_act_forward_kernel")
 CONV_DIRECT = ("direct_conv_kernel",)
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
-_GEMM = "cublasSgemm"
+#: cuBLASLt, one timed algorithm per shape (cpp/linear.cu); a linear layer's bias, and a ReLU after it, are its
+#: epilogue; in backward the weight gradient's product runs on a second stream beside the input gradient's
+_GEMM = "cublasLtMatmul"
+LT_EPILOGUE_ACTS = (0, ACTIVATIONS["relu"])
 
 
 #: values of one channel a block of cydnn_bias_act_backward reduces (cpp/compiled.cu's kChunk)
@@ -116,6 +119,11 @@ def _forward(plan, i, group, src, dst, training):
         if op == "conv2d":
             plan.add("conv_forward", f"{name} forward", (src, w), (dst,), (_CONV_FWD,),
                      stride=node.attrs["stride"], padding=node.attrs["padding"])
+        elif act in LT_EPILOGUE_ACTS:
+            what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
+            plan.add("linear_forward", f"{name} forward" + (f" + {what}" if what else ""),
+                     (src, w) + ((bias,) if bias else ()), (dst,), (_GEMM,), bias=bias, act=act)
+            return
         else:
             plan.add("linear_forward", f"{name} forward", (src, w), (dst,), (_GEMM,))
         if bias or act:
@@ -167,6 +175,9 @@ def _folded_forward(plan, i, group, src, dst):
     if node.op == "conv2d":
         plan.add("conv_bias_act", f"{node.name} forward + {what}", (src, wf, bf), (dst,), CONV_BIAS_ACT,
                  stride=node.attrs["stride"], padding=node.attrs["padding"], bias=bf, act=act, slope=slope)
+        return
+    if act in LT_EPILOGUE_ACTS:
+        plan.add("linear_forward", f"{node.name} forward + {what}", (src, wf, bf), (dst,), (_GEMM,), bias=bf, act=act)
         return
     plan.add("linear_forward", f"{node.name} forward", (src, wf), (dst,), (_GEMM,))
     plan.add("bias_act_forward", f"{node.name} {what}", (dst, bf), (dst,), ("bias_act_forward_kernel",),

@@ -2,7 +2,8 @@
 
 Fusion (:func:`fuse`): a Conv2d or Linear followed by an activation becomes one group,
 lowered to the library call without its bias, then ONE kernel that adds the bias and
-applies the activation (``bias_act_forward``), and in backward ONE kernel for the
+applies the activation (``bias_act_forward``) -- a Linear's bias and ReLU are cuBLASLt's
+epilogue instead, no kernel of their own -- and in backward ONE kernel for the
 activation's derivative and the bias gradient (``bias_act_backward``).  Unfused, the same
 work is three kernels forward (conv/GEMM, bias, activation) and two backward.
 The patterns are a table (:data:`FUSE_AFTER`); ``fuse=False`` turns the pass off.
@@ -44,7 +45,8 @@ def fuse(nodes, enabled=True, log=None, training=True):
         if enabled and node.op in FUSE_AFTER + ("batch_norm",) and nxt is not None and nxt.op in ACTIVATIONS:
             group["act"] = nxt
             log.append(f"fuse: {node.name} ({node.op}) + {nxt.name} ({nxt.op}) -> "
-                       + ("bias_act epilogue" if node.op in FUSE_AFTER else "activation in place"))
+                       + ("cuBLASLt epilogue" if node.op == "linear" and nxt.op == "relu"
+                          else "bias_act epilogue" if node.op in FUSE_AFTER else "activation in place"))
             i += 1
         groups.append(group)
     return groups

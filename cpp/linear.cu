@@ -39,6 +39,8 @@
 // The backward's two products are independent: the weight gradient runs on a
 // second stream (ctx->side, its own workspace) between a fork and a join, so
 // a captured step has them as two branches of its graph.
+#include <new>
+
 #include "common.cuh"
 #include "memory.cuh"
 
@@ -207,7 +209,7 @@ cydnnStatus_t time_candidates(cydnnContext *ctx, const GemmArgs &g, LtGemm *p, i
 }
 
 // One float32 product on stream `side` (0: the context's stream, 1: the second one).
-cydnnStatus_t gemm(cydnnContext *ctx, const GemmArgs &g, int side, const char *op) {
+cydnnStatus_t gemm_planned(cydnnContext *ctx, const GemmArgs &g, int side, const char *op) {
     CYDNN_TRY(lt_setup(ctx, op));
     const std::string key = cydnn::format(
         "lt:%d%d,m=%d,n=%d,k=%d,ld=%d/%d/%d,align=%u/%u/%u,bias=%d,relu=%d,tf32=%d,det=%d", (int)g.ta, (int)g.tb,
@@ -226,6 +228,15 @@ cydnnStatus_t gemm(cydnnContext *ctx, const GemmArgs &g, int side, const char *o
     const cublasStatus_t e = run_gemm(ctx, g, p, p->chosen, side);
     if (e != CUBLAS_STATUS_SUCCESS) return cydnn::cublas_failure(e, op, "cublasLtMatmul");
     return CYDNN_STATUS_SUCCESS;
+}
+
+// The plan's key, the plan and the map's node are host allocations: a std::bad_alloc must not cross into C.
+cydnnStatus_t gemm(cydnnContext *ctx, const GemmArgs &g, int side, const char *op) {
+    try {
+        return gemm_planned(ctx, g, side, op);
+    } catch (const std::bad_alloc &) {
+        return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: out of host memory", op);
+    }
 }
 
 // --------------------------------------------------------------- kernels

@@ -223,6 +223,33 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
     assert not fused_net_gen._running and not fused_net_gen._queue
 
 
+@pytest.mark.parametrize("text, want", [(None, fused_net_gen.FAST_COMPILE_DEFAULT), ("", fused_net_gen.FAST_COMPILE_DEFAULT),
+                                        (" mid ", "mid"), ("off", "off"), ("max", "max")])
+def test_the_fast_compile_level(text, want):
+    assert fused_net_gen.fast_compile({} if text is None else {"CYDNN_NVRTC_FAST_COMPILE": text}) == want
+    with pytest.raises(ValueError, match="CYDNN_NVRTC_FAST_COMPILE must be one of off, min, mid, max, got 'O1'"):
+        fused_net_gen.fast_compile({"CYDNN_NVRTC_FAST_COMPILE": "O1"})
+
+
+@needs_nvrtc
+def test_a_fast_compile_level_is_an_option_of_nvrtc_and_of_the_cache_key(monkeypatch):
+    base = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device"]
+    assert fused_net_gen._options("sm_90", "off") == base
+    if fused_net_gen._nvrtc_mod.version(fused_net_gen._nvrtc()) >= (12, 8):
+        assert fused_net_gen._options("sm_90", "mid") == base + ["-Ofc=mid"]
+    monkeypatch.setattr(fused_net_gen._nvrtc_mod, "version", lambda lib: (12, 4))      # an NVRTC without it
+    assert fused_net_gen._options("sm_90", "mid") == base
+    monkeypatch.undo()
+    _, _, nodes, layers = _layers("mlp")
+    text = fused_net_gen.source([fused_net.FusedNetwork._bind(layer, 16) for layer in layers], 16, 0, 784, 784, 10,
+                                True)
+    monkeypatch.setenv("CYDNN_NVRTC_FAST_COMPILE", "max")
+    assert fused_net_gen.compile_cubin(text)[:4] == b"\x7fELF"           # NVRTC takes it
+    monkeypatch.setenv("CYDNN_NVRTC_FAST_COMPILE", "fast")
+    with pytest.raises(ValueError, match="CYDNN_NVRTC_FAST_COMPILE"):      # refused when the network is made
+        fused_net.FusedNetwork(layers, (1, 28, 28), (10,), False, 4)
+
+
 @pytest.mark.parametrize("text, want", [(None, True), ("1", True), (" 0 ", False), ("", True)])
 def test_the_switch(text, want):
     assert fused_net_gen.enabled({} if text is None else {"CYDNN_FUSED_GEN": text}) is want

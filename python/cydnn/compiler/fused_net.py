@@ -202,6 +202,8 @@ class FusedNetwork:
     """
 
     def __init__(self, layers, in_shape, out_shape, softmax, capacity, resident_us=None):
+        on = fused_net_gen.enabled()
+        fused_net_gen.fast_compile()              # a wrong $CYDNN_NVRTC_FAST_COMPILE is refused here, not later
         self.in_size = int(np.prod(in_shape))
         self.out_shape = tuple(out_shape)
         self.out_size = int(np.prod(out_shape))
@@ -216,7 +218,7 @@ class FusedNetwork:
             self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
             self._bound[r] = (bound, wcap)
         # kernels generated for this network (fused_net_gen.py), per cluster size, compiled in the background
-        self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, fused_net_gen.enabled())
+        self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, on)
         self.capacity = capacity
         self._dx = _C.empty((capacity * self.in_size,))
         self._dy = _C.empty((capacity * self.out_size,))

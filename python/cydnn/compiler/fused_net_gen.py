@@ -172,8 +172,34 @@ def _nvrtc_identity():
     return _identity
 
 
-def _options(arch):
-    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device"]
+#: NVRTC's -Ofast-compile levels (NVRTC 12.8+): less optimisation for a shorter compile
+FAST_COMPILE_LEVELS = ("off", "min", "mid", "max")
+FAST_COMPILE_DEFAULT = "off"
+
+
+def fast_compile(environ=None):
+    """``$CYDNN_NVRTC_FAST_COMPILE``: off (NVRTC's full optimisation), min, mid or max (its -Ofast-compile
+    level); anything else is refused.  What each level costs in compile time and kernel time on the zoo:
+    docs/performance.md (session 21)."""
+    text = (os.environ if environ is None else environ).get("CYDNN_NVRTC_FAST_COMPILE", "").strip()
+    text = text or FAST_COMPILE_DEFAULT
+    if text not in FAST_COMPILE_LEVELS:
+        raise ValueError(f"CYDNN_NVRTC_FAST_COMPILE must be one of {', '.join(FAST_COMPILE_LEVELS)}, got {text!r}")
+    return text
+
+
+def _options(arch, level=None):
+    """NVRTC's options; ``level``: the -Ofast-compile level (default: $CYDNN_NVRTC_FAST_COMPILE), left out
+    where it is off or NVRTC is older than 12.8 (which does not know it)."""
+    level = fast_compile() if level is None else level
+    fast = []
+    if level != "off":
+        try:
+            if _nvrtc_mod.version(_nvrtc()) >= (12, 8):
+                fast = [f"-Ofc={level}"]
+        except _nvrtc_mod.NvrtcError as e:
+            raise GenerationError(str(e)) from None
+    return [f"--gpu-architecture={arch}", "-std=c++17", "-default-device"] + fast
 
 
 def _compile(text, arch, ptx):

@@ -198,9 +198,10 @@ def test_linear(xs, out_features, bias, rng):
 
 @pytest.mark.parametrize("offset", [0, 1, 3])
 def test_linear_on_cublaslt_epilogues_odd_alignments_and_a_captured_fork(offset, rng):
-    """cuBLASLt with the bias and ReLU in its epilogue, on views 4 or 12 bytes past an aligned block (a plan per
-    alignment: an algorithm that assumed 16 bytes would read the wrong floats), and the backward's weight gradient
-    on the second stream: eager, then inside a captured graph replayed on new inputs."""
+    """cuBLASLt with the bias and ReLU in its epilogue, on views 4 or 12 bytes past an aligned block (an algorithm
+    that assumed 16 bytes would read the wrong floats), bit for bit what arrays of their own give (one algorithm per
+    shape, whatever the addresses: a saved and loaded model predicts the same bits), and the backward's weight
+    gradient on the second stream: eager, then inside a captured graph replayed on new inputs."""
     from cydnn import _C
     n, fin, fout = 64, 200, 96
     x, w, b, dy = f32(rng, n, fin), f32(rng, fout, fin, scale=0.1), f32(rng, fout), f32(rng, n, fout)
@@ -211,9 +212,12 @@ def test_linear_on_cublaslt_epilogues_odd_alignments_and_a_captured_fork(offset,
     (dx_, kx), (dw_, kw), (db_, kb), (dy_, kd) = at(x), at(w), at(b), at(dy)
     y_, ky = at(np.zeros((n, fout), np.float32))
     z = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    own = [cydnn.to_device(a) for a in (x, w, b)] + [_C.empty((n, fout))]
     for act, want in ((0, z), (1, np.maximum(z, 0))):
         _C.linear_forward(dx_, dw_, db_, y_, act)
         check(f"linear_forward act={act} offset={offset}", y_, want)
+        _C.linear_forward(*own, act)
+        np.testing.assert_array_equal(y_.numpy(), own[3].numpy())
     with pytest.raises(cydnn.CydnnError, match="linear_forward: act must be 0 .none. or 1 .relu., got 2"):
         _C.linear_forward(dx_, dw_, db_, y_, 2)
     gx, gw = at(np.zeros((n, fin), np.float32)), at(np.zeros((fout, fin), np.float32))
@@ -221,6 +225,10 @@ def test_linear_on_cublaslt_epilogues_odd_alignments_and_a_captured_fork(offset,
     _C.linear_backward(dx_, dw_, dy_, gx[0], gw[0], None)
     check("linear_backward dx (eager)", gx[0], want_dx)
     check("linear_backward dw (second stream, eager)", gw[0], want_dw)
+    own_dx, own_dw = _C.empty((n, fin)), _C.empty((fout, fin))
+    _C.linear_backward(own[0], own[1], cydnn.to_device(dy), own_dx, own_dw, None)
+    np.testing.assert_array_equal(gx[0].numpy(), own_dx.numpy())
+    np.testing.assert_array_equal(gw[0].numpy(), own_dw.numpy())
     _C.graph_begin()
     try:
         _C.linear_backward(dx_, dw_, dy_, gx[0], gw[0], None)

@@ -356,7 +356,19 @@ def test_zoo_round_trip_gives_the_same_predictions(tmp_path, make, device):
     assert list(loaded.state_dict()) == list(model.state_dict())
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(loaded.state_dict()[key], value, err_msg=key)
-    np.testing.assert_array_equal(loaded.predict(x), before)
+    after = loaded.predict(x)
+    if device == "cuda" and _kernels_chosen(loaded) != _kernels_chosen(model):
+        # each compiled inference times the fused network against the plan on its own first call: the two may
+        # run different kernels, whose sums round apart (the fused network agrees with the plan within 1e-5)
+        np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(after, before)
+
+
+def _kernels_chosen(model):
+    """What the model's compiled inference runs per size bucket: the plan (None) or the fused network's cluster."""
+    fused = model.__dict__["_fast_predictor"][1].info()["fused_net"]
+    return None if fused is None else dict(fused.get("clusters") or {})
 
 
 @pytest.mark.gpu

@@ -281,3 +281,66 @@ def test_the_pipe_fills_a_slot_with_several_threads_byte_for_byte(threads):
         assert np.array_equal(back.view(np.int32), src.view(np.int32))
     with pytest.raises(Exception, match="threads must be 0"):
         _C.Pipe(16, 16, -1)
+
+
+def test_a_numpy_call_chooses_by_the_numpy_paths_times(monkeypatch):
+    """CPU, with stand-ins for the device: where the choosing call came with numpy rows, each fused candidate is
+    timed through run_host and the plan through its upload, graph and download (the copies a numpy call pays);
+    a call with device arrays times the device paths.  The fastest by those times is chosen."""
+    calls = []
+
+    class Rows:                                  # the plan's input (a DeviceArray stand-in)
+        def __init__(self, n):
+            self.shape = (n, 3)
+
+        def __getitem__(self, s):
+            return Rows(s.stop)
+
+        def set_(self, a):
+            calls.append(("upload", self.shape[0], a.shape[0]))
+
+    class Out:
+        def __init__(self, v):
+            self.v = v
+
+        def numpy(self):
+            return self.v
+
+    class Net:
+        out_size = 2
+        _dy = Out(np.zeros(8 * 2, np.float32))
+
+        def forward(self, x, dy, bucket, r):
+            calls.append(("forward", r))
+
+        def run_host(self, host, r):
+            calls.append(("run_host", r, host.shape[0]))
+
+        def start(self, cluster):
+            pass
+
+    net = Net()
+    net.generated = net
+    launch = lambda: calls.append(("launch",))                                          # noqa: E731
+    output = lambda: calls.append(("download",)) or Out(np.zeros((8, 2), np.float32))    # noqa: E731
+    for host in (np.zeros((3, 3), np.float32), None):
+        for cost in ({None: 3, 1: 5, 2: 4, 4: 2, 8: 6, 16: 7}, {None: 1, 1: 5, 2: 4, 4: 2, 8: 6, 16: 7}):
+            timed = []
+
+            def fake_time(fn, n):
+                calls.clear()
+                fn()
+                timed.append(tuple(calls))
+                return cost[None if calls[-1][0] in ("launch", "download") else calls[-1][1]] * 1e-6
+            monkeypatch.setattr(fused_net, "time_calls", fake_time)
+            choice = object.__new__(fused_net.FusedChoice)
+            choice.mode, choice.reason, choice.net = "auto", None, net
+            choice.clusters, choice.timed_us, choice.skipped = {}, {}, {}
+            chosen = choice.choose(8, 3, Rows(8), launch, output, host=host)
+            assert chosen == min(cost, key=cost.get)
+            assert choice.timed_us[8] == {("plan" if k is None else f"fused/{k}"): float(v) for k, v in cost.items()}
+            if host is not None:
+                assert timed == [(("run_host", r, 3),) for r in fused_net.CLUSTERS] + [
+                    (("upload", 3, 3), ("launch",), ("download",))]
+            else:
+                assert timed == [(("forward", r),) for r in fused_net.CLUSTERS] + [(("launch",),)]

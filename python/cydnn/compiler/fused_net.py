@@ -334,6 +334,17 @@ class FusedNetwork:
         return "\n".join(lines)
 
 
+def _plan_from_host(x, m, host, plan_launch, plan_output):
+    """The plan as a numpy call runs it: ``host`` into the input's first ``m`` rows, the graph, the output back."""
+    rows = x if x.shape[0] == m else x[:m]
+
+    def run():
+        rows.set_(host)
+        plan_launch()
+        return plan_output().numpy()
+    return run
+
+
 class FusedChoice:
     """Per batch bucket, the fused kernel at its fastest cluster size or the generic plan.
 
@@ -364,8 +375,12 @@ class FusedChoice:
         """The cluster size chosen for ``bucket`` (None: the plan; missing: not chosen yet)."""
         return self.clusters.get(bucket, "?")
 
-    def choose(self, bucket, m, x, plan_launch, plan_output, log=None):
-        """Choose for ``bucket`` with the plan's input ``x`` (its first ``m`` rows are real)."""
+    def choose(self, bucket, m, x, plan_launch, plan_output, log=None, host=None):
+        """Choose for ``bucket`` with the plan's input ``x`` (its first ``m`` rows are real).  ``host``: the
+        numpy rows ``x`` was uploaded from, where the call came with numpy: then each candidate is timed as a
+        numpy call runs it -- the fused network's ``run_host`` (mapped memory: one launch, one wait) against
+        the plan's upload, graph and download -- not on device arrays, where the plan's two copies are not
+        seen (a 3-kernel plan 2 us faster on the device was 15 us slower from numpy)."""
         if self.net is None:
             self.clusters[bucket] = None
             return None
@@ -389,14 +404,15 @@ class FusedChoice:
                 self.net = None
                 self.clusters[bucket] = None
                 return None
-            candidates[r] = (lambda r=r: self.net.forward(x, dy, bucket, r))
+            candidates[r] = ((lambda r=r: self.net.forward(x, dy, bucket, r)) if host is None
+                             else (lambda r=r: self.net.run_host(host, r)))
         if not candidates:                       # no cluster size launches here (e.g. a GPU older than sm_90)
             self.reason = "the fused kernel cannot run here: " + "; ".join(sorted(set(self.skipped.values())))
             self.net = None
             self.clusters[bucket] = None
             return None
         if self.mode == "auto":
-            candidates[None] = plan_launch
+            candidates[None] = plan_launch if host is None else _plan_from_host(x, m, host, plan_launch, plan_output)
         times = {key: time_calls(fn, 5) for key, fn in candidates.items()}
         chosen = min(times, key=times.get)
         self.timed_us[bucket] = {("plan" if k is None else f"fused/{k}"): round(1e6 * t, 1) for k, t in times.items()}

@@ -225,7 +225,8 @@ class CompiledInference:
                     self.mode, self.reason = "steps", runner.reason
             if cluster == "?":
                 cluster = self._fused.choose(bucket, m, arrays["x"], runner.launch,
-                                             lambda: arrays[runner.plan.output], log)
+                                             lambda: arrays[runner.plan.output], log,
+                                             host=None if device_in else chunk)
                 if cluster is not None:
                     self._fused.net.forward(arrays["x"], self._fused.net._dy, m, cluster)
                     result = self._fused.net._dy[:m * self._fused.net.out_size].reshape((m,) + self.out_shape)

@@ -31,11 +31,11 @@
 //
 // The float32 products run on cuBLASLt, one plan per shape (LtGemm): its
 // heuristic's candidates for the product and the epilogue (the bias), timed
-// once on the first call outside a capture; the
-// fastest serves from then on ($CYDNN deterministic mode: the heuristic's
-// first, untimed, so that a run gives the same bits as the last).  At batch 64
-// the chosen algorithm is 0-30 % faster than cublasSgemm's choice (H100,
-// .diag/ltbench.cu in session 21).  The candidates are those that take any
+// once on the first call outside a capture; the fastest serves from then on
+// (deterministic mode: the heuristic's first, untimed, so that a run gives the
+// same bits as the last).  TF32 is the compute type where the context allows
+// it.  At batch 64 the chosen algorithm is 0-35 % faster than cublasSgemm's
+// choice (H100, benchmarks/lt_candidates.cu).  The candidates are those that take any
 // float pointer (4-byte alignment): one algorithm per shape whatever the
 // arrays' addresses, so that the same numbers give the same bits in a view
 // into a flat buffer and in an array of their own (asking for the pointers'
@@ -54,17 +54,6 @@ namespace {
 
 const float kOne = 1.0f;
 const float kZero = 0.0f;
-
-// TF32 tensor cores for SGEMM only when the context allows them.
-// CUBLAS_DEFAULT_MATH never uses TF32 for float32 SGEMM.  Get/Set only touch
-// the handle on the host, so checking every call costs nothing.
-cydnnStatus_t set_math_mode(cydnnContext *ctx, const char *op) {
-    const cublasMath_t want = ctx->allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
-    cublasMath_t have = CUBLAS_DEFAULT_MATH;
-    CYDNN_CUBLAS(op, cublasGetMathMode(ctx->cublas, &have));
-    if (have != want) CYDNN_CUBLAS(op, cublasSetMathMode(ctx->cublas, want));
-    return CYDNN_STATUS_SUCCESS;
-}
 
 // Half precision (ctx->fp16, inference): the same product with x and W
 // rounded to float16, on tensor cores, accumulated and written in float32.
@@ -285,7 +274,6 @@ cydnnStatus_t cydnn_linear_forward_act(cydnnContext *ctx, const float *x, const 
     CYDNN_REQUIRE("linear_forward", act == CYDNN_ACT_NONE || act == CYDNN_ACT_RELU,
                   "act must be 0 (none) or %d (relu), got %d", (int)CYDNN_ACT_RELU, act);
 
-    CYDNN_TRY(set_math_mode(ctx, op));
     if (ctx->fp16) {
         CYDNN_TRY(gemm_fp16(ctx, x, weight, y, n, in_features, out_features));
     } else {

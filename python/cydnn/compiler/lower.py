@@ -106,28 +106,25 @@ def _forward(plan, i, group, src, dst, training):
         plan.buffer(dst, node.out_shape, alias_of=src)
         return
     plan.buffer(dst, node.out_shape)
+    w = f"{name}.weight"
+    what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
     if op in ("conv2d", "linear") and group.get("bn") is not None:
         _folded_forward(plan, i, group, src, dst)
     elif op == "conv2d" and (bias or act):
-        w = f"{name}.weight"
-        what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
         plan.add("conv_bias_act", f"{name} forward + {what}", (src, w) + ((bias,) if bias else ()), (dst,),
                  CONV_BIAS_ACT, stride=node.attrs["stride"], padding=node.attrs["padding"], bias=bias, act=act,
                  slope=slope)
     elif op in ("conv2d", "linear"):
-        w = f"{name}.weight"
         if op == "conv2d":
             plan.add("conv_forward", f"{name} forward", (src, w), (dst,), (_CONV_FWD,),
                      stride=node.attrs["stride"], padding=node.attrs["padding"])
         elif act in LT_EPILOGUE_ACTS:
-            what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
             plan.add("linear_forward", f"{name} forward" + (f" + {what}" if what else ""),
                      (src, w) + ((bias,) if bias else ()), (dst,), (_GEMM,), bias=bias, act=act)
             return
         else:
             plan.add("linear_forward", f"{name} forward", (src, w), (dst,), (_GEMM,))
         if bias or act:
-            what = " + ".join(x for x in ("bias" if bias else "", group["act"].op if act else "") if x)
             plan.add("bias_act_forward", f"{name} {what}", (dst,) + ((bias,) if bias else ()), (dst,),
                      ("bias_act_forward_kernel",), act=act, slope=slope)
     elif op in ACTIVATIONS:

@@ -10,19 +10,9 @@
 #include <vector>
 #include <cublas_v2.h>
 #include <cublasLt.h>
+#include "lt_bench.cuh"
 #define CK(x) do { auto e_ = (x); if ((int)e_ != 0) { printf("ERR %s:%d %d\n", __FILE__, __LINE__, (int)e_); return; } } while (0)
 
-static float timeit(cudaStream_t s, int iters, auto fn) {
-    cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 5; i++) fn();
-    cudaEventRecord(a, s);
-    for (int i = 0; i < iters; i++) fn();
-    cudaEventRecord(b, s); cudaEventSynchronize(b);
-    float ms; cudaEventElapsedTime(&ms, a, b);
-    return 1000.f * ms / iters;
-}
-
-struct G { const char* name; cublasOperation_t ta, tb; int m, n, k, lda, ldb, ldc; };
 
 static uint32_t g_align = 256;
 static void run(cublasHandle_t h, cublasLtHandle_t lt, cudaStream_t s, G g, float* A, float* B, float* C, void* ws, size_t wsb) {

@@ -68,13 +68,21 @@ struct cydnnContext {
     std::vector<void *> retired_workspaces;
     void *cublas_workspace = nullptr;
 
-    // cuBLASLt (linear.cu), made on a linear layer's first call: its handle, a workspace for each of the
-    // two streams, and a second stream on which a layer's weight gradient runs beside its input gradient
-    // (a fork and a join by events: eager, two streams; captured, two branches of the graph).
-    cublasLtHandle_t lt = nullptr;
-    void *lt_workspace[2] = {nullptr, nullptr};
+    // A second stream on which a layer's weight gradient runs beside its input gradient (a fork and a
+    // join by events: eager, two streams; captured, two branches of the graph), made on first use by
+    // side_stream().  Linear layers (linear.cu) and convolutions (conv.cu) fork onto it.
     cudaStream_t side = nullptr;
     cudaEvent_t fork = nullptr, join = nullptr;
+    // cuBLASLt (linear.cu), made on a linear layer's first call: its handle and a workspace for each
+    // of the two streams.
+    cublasLtHandle_t lt = nullptr;
+    void *lt_workspace[2] = {nullptr, nullptr};
+    // cuDNN bound to the second stream (conv.cu's filter gradient beside the data gradient), made on
+    // the first forked convolution backward, and its own workspace (kSideWorkspace of get_workspace).
+    cudnnHandle_t cudnn_side = nullptr;
+    void *side_workspace = nullptr;
+    size_t side_workspace_size = 0;
+    bool side_workspace_captured = false;
 
     // Plans built once per shape, keyed by a readable string, e.g.
     // "conv:n=64,c=1,h=28,w=28,k=6,...".
@@ -98,8 +106,14 @@ cydnnStatus_t to_half(cydnnContext *ctx, const float *x, void *half, size_t coun
 cydnnStatus_t from_half_bias(cydnnContext *ctx, const void *half, const float *bias, float *y, size_t count,
                              size_t inner, int channels, const char *op);
 
-// Workspace of at least `bytes` (from the pool); fails if over the limit.
-cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op);
+// Workspace of at least `bytes` (from the pool); fails if over the limit.  Two of them: the stream's
+// (kMainWorkspace) and the second stream's (kSideWorkspace), so that work forked onto the second
+// stream never shares one with the work it runs beside.
+constexpr int kMainWorkspace = 0, kSideWorkspace = 1;
+cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op, int which = kMainWorkspace);
+
+// The second stream and its fork / join events (made once, kept for the context's life).
+cydnnStatus_t side_stream(cydnnContext *ctx, const char *op);
 
 // Pool allocations for temporaries inside an op (freed back to the pool at
 // the end of the op; stream order makes the reuse safe).

@@ -4,10 +4,8 @@
 // in one CUDA graph.  What a graph replays cannot take new host scalars, and each
 // kernel boundary costs ~1.5-2 us even inside a graph, so the compiler adds:
 //
-//   bias_act_forward    y = act(x + bias[c])             replaces add-bias + activation
-//   bias_act_backward   g = dy * act'(y); dbias[c] = sum g   replaces activation backward
-//                       + bias gradient (chunks of a channel in parallel, then their sums in order;
-//                       without a bias, one element-wise pass)
+//   (compiled_act.cu: bias_act_forward, bias_act_backward, max_pool_act_backward -- the
+//    activation epilogues and their backward; compiled_norm.cu: batch norm)
 //   flat_update         one launch updates every parameter (SGD / Adam / AdamW) over
 //                       flat parameter, gradient and state buffers; lr and the step
 //                       number come from device memory (a schedule needs no re-capture)
@@ -19,9 +17,7 @@
 //   fold_batch_norm     inference: a batch norm's running statistics folded into the weights
 //                       and bias of the layer before it (computed in the graph, so it is fresh)
 //
-// Activations (act): 0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 leaky relu (slope).
-// Each derivative is written in terms of the output y, as the per-op backward kernels:
-//   relu' = (y > 0), tanh' = 1 - y^2, sigmoid' = y (1 - y), leaky' = y > 0 ? 1 : slope.
+// Activations (act, act_math.cuh): 0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 leaky relu (slope).
 // The optimizer formulas are optimizer.cu's (PyTorch's), element by element.
 #include <cmath>
 
@@ -31,71 +27,7 @@
 namespace {
 
 using cydnn::activate;
-using cydnn::derivative;
 using cydnn::fits_32;
-
-// y[n, c, i] = act(x[n, c, i] + bias[c]); bias may be NULL.  May run in place.
-template <typename I>
-__global__ void bias_act_forward_kernel(const float *x, const float *bias, float *y, I total,
-                                        I channels, I inner, int act, float slope) {
-    const I stride = (I)gridDim.x * blockDim.x;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-        float v = x[i];
-        if (bias != nullptr) v += bias[(i / inner) % channels];
-        y[i] = activate(v, act, slope);
-    }
-}
-
-// dx = dy * act'(y) element by element: the activation backward when there is no bias to sum
-// (a convolution without bias followed by batch norm, or a layer whose bias has no gradient).
-template <typename I>
-__global__ void act_backward_kernel(const float *y, const float *dy, float *dx, I total, int act,
-                                    float slope) {
-    const I stride = (I)gridDim.x * blockDim.x;
-    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
-        dx[i] = dy[i] * derivative(y[i], act, slope);
-}
-
-// g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
-// kChunk elements, written to dx; the chunk's sum of g goes to partial[c * chunks + p]
-// (or straight to dbias[c] when one chunk covers the channel).  Fixed reduction order in
-// the block, and bias_sum_kernel adds a channel's chunks in order: the same bits every run.
-constexpr int kReduceThreads = 256;
-constexpr size_t kChunk = 8192;
-
-template <typename I>
-__global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
-                                            I channels, I inner, I per_channel, int chunks,
-                                            int act, float slope) {
-    __shared__ float sums[kReduceThreads];
-    const I c = blockIdx.y;
-    const I begin = (I)blockIdx.x * (I)kChunk;
-    const I end = begin + (I)kChunk < per_channel ? begin + (I)kChunk : per_channel;
-    float sum = 0.0f;
-    for (I k = begin + threadIdx.x; k < end; k += blockDim.x) {
-        const I row = k / inner, col = k % inner;
-        const I i = (row * channels + c) * inner + col;
-        const float g = dy[i] * derivative(y[i], act, slope);
-        if (dx != nullptr) dx[i] = g;
-        sum += g;
-    }
-    if (partial == nullptr) return;
-    sums[threadIdx.x] = sum;
-    __syncthreads();
-    for (int half = blockDim.x / 2; half > 0; half /= 2) {
-        if ((int)threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[(size_t)c * chunks + blockIdx.x] = sums[0];
-}
-
-__global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= channels) return;
-    float total = 0.0f;
-    for (int p = 0; p < chunks; ++p) total += partial[(size_t)c * chunks + p];
-    dbias[c] = total;
-}
 
 // The update of every parameter in one launch (optimizer.cu's formulas).  The step
 // number t (from 1) is counters->global_step + 1; the learning rate is
@@ -136,6 +68,8 @@ __global__ void flat_update_kernel(cydnnFlatUpdate u) {
         }
     }
 }
+
+constexpr int kReduceThreads = 256;   // the bookkeeping's one block
 
 // One block: the batch's correct count (argmax, first maximum on ties, as numpy),
 // then thread 0 adds it and the loss to the epoch totals and advances the counters.
@@ -256,71 +190,6 @@ cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const flo
     fold_batch_norm_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
         w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
     CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
-    return CYDNN_STATUS_SUCCESS;
-}
-
-cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
-                                     int n, int channels, size_t inner, int act, float slope) {
-    const char *op = "bias_act_forward";
-    CYDNN_REQUIRE_CTX(op, ctx);
-    CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "x or y is NULL");
-    CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
-                  n, channels, inner);
-    CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
-    const size_t total = (size_t)n * channels * inner;
-    if (fits_32(total))
-        bias_act_forward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-            x, bias, y, (unsigned)total, (unsigned)channels, (unsigned)inner, act, slope);
-    else
-        bias_act_forward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-            x, bias, y, total, (size_t)channels, inner, act, slope);
-    CYDNN_LAUNCH_CHECK(op, "bias_act_forward_kernel");
-    return CYDNN_STATUS_SUCCESS;
-}
-
-cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
-                                      float *dbias, int n, int channels, size_t inner, int act, float slope) {
-    const char *op = "bias_act_backward";
-    CYDNN_REQUIRE_CTX(op, ctx);
-    CYDNN_REQUIRE(op, y != nullptr && dy != nullptr, "y or dy is NULL");
-    CYDNN_REQUIRE(op, dx != nullptr || dbias != nullptr, "nothing to write (dx and dbias are NULL)");
-    CYDNN_REQUIRE(op, n >= 1 && channels >= 1 && inner >= 1, "sizes must be >= 1 (n=%d, channels=%d, inner=%zu)",
-                  n, channels, inner);
-    CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
-    const size_t per_channel = (size_t)n * inner;
-    const int chunks = (int)((per_channel + kChunk - 1) / kChunk);
-    CYDNN_REQUIRE(op, channels <= 65535, "at most 65535 channels, got %d", channels);
-    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
-    void *scratch = nullptr;
-    if (dbias != nullptr && chunks > 1) {
-        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
-        partial = static_cast<float *>(scratch);
-    }
-    const size_t total = per_channel * channels;
-    if (dbias == nullptr) {                       // no sums: one flat element-wise pass
-        if (fits_32(total))
-            act_backward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-                y, dy, dx, (unsigned)total, act, slope);
-        else
-            act_backward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
-                y, dy, dx, total, act, slope);
-        CYDNN_LAUNCH_CHECK(op, "act_backward_kernel");
-        return CYDNN_STATUS_SUCCESS;
-    }
-    if (fits_32(total))
-        act_backward_partial_kernel<unsigned><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
-    else
-        act_backward_partial_kernel<size_t><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && scratch != nullptr) {
-        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
-            partial, dbias, channels, chunks);
-        e = cudaGetLastError();
-    }
-    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
-    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, "launch of act_backward_partial_kernel / bias_sum_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -273,7 +273,7 @@ extern "C" cydnnStatus_t cydnn_debug_fail(cydnnContext *ctx, int which) {
 
 namespace cydnn {
 
-cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op) {
+cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const char *op, int which) {
     if (bytes == 0) {
         *ptr = nullptr;
         return CYDNN_STATUS_SUCCESS;
@@ -281,23 +281,35 @@ cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const c
     if (bytes > ctx->workspace_limit)
         return fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: needs %zu bytes of workspace, over the limit of %zu",
                     op, bytes, ctx->workspace_limit);
-    if (bytes > ctx->workspace_size) {
+    const bool side = which == kSideWorkspace;
+    void *&block = side ? ctx->side_workspace : ctx->workspace;
+    size_t &size = side ? ctx->side_workspace_size : ctx->workspace_size;
+    bool &captured = side ? ctx->side_workspace_captured : ctx->workspace_captured;
+    if (bytes > size) {
         // The old block goes back to the pool; stream order keeps it safe for
-        // kernels still queued that use it.  Unless a captured graph may use it:
-        // then it is retired (kept), since a replay would write into it later.
-        if (ctx->workspace) {
-            if (ctx->workspace_captured || ctx->capturing)
-                ctx->retired_workspaces.push_back(ctx->workspace);
+        // kernels still queued that use it (the second stream's work has joined
+        // the stream before the next op asks).  Unless a captured graph may use
+        // it: then it is retired (kept), since a replay would write into it later.
+        if (block) {
+            if (captured || ctx->capturing)
+                ctx->retired_workspaces.push_back(block);
             else
-                CYDNN_TRY(ctx->pool->release(ctx->workspace));
+                CYDNN_TRY(ctx->pool->release(block));
         }
-        ctx->workspace = nullptr;
-        ctx->workspace_size = 0;
-        CYDNN_TRY(ctx->pool->allocate(bytes, &ctx->workspace));
-        ctx->workspace_size = bytes;
-        ctx->workspace_captured = ctx->capturing != 0;
+        block = nullptr;
+        size = 0;
+        CYDNN_TRY(ctx->pool->allocate(bytes, &block));
+        size = bytes;
+        captured = ctx->capturing != 0;
     }
-    *ptr = ctx->workspace;
+    *ptr = block;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t side_stream(cydnnContext *ctx, const char *op) {
+    if (ctx->side == nullptr) CYDNN_CUDA(op, cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
+    if (ctx->fork == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
+    if (ctx->join == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
     return CYDNN_STATUS_SUCCESS;
 }
 

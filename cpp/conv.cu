@@ -4,6 +4,7 @@
 //   dx = conv_backward_data(dy, weight)
 //   dweight = conv_backward_filter(x, dy)
 //   dbias[k] = sum of dy over n, oh, ow
+//   conv_backward: all three, the filter and bias gradients on the second stream beside dx
 //
 // Cross-correlation (no kernel flip), as PyTorch.  Each op gets the geometry's
 // ConvPlan (descriptors, and per direction the algorithm cuDNN measured to be
@@ -158,6 +159,78 @@ cydnnStatus_t conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, 
     return CYDNN_STATUS_SUCCESS;
 }
 
+// cuDNN on the second stream, made on the first forked backward.
+cydnnStatus_t side_cudnn(cydnnContext *ctx, const char *op) {
+    if (ctx->cudnn_side != nullptr) return CYDNN_STATUS_SUCCESS;
+    CYDNN_TRY(cydnn::side_stream(ctx, op));
+    cudnnHandle_t h = nullptr;
+    CYDNN_CUDNN(op, cudnnCreate(&h));
+    const cudnnStatus_t e = cudnnSetStream(h, ctx->side);
+    if (e != CUDNN_STATUS_SUCCESS) {
+        cudnnDestroy(h);
+        return cydnn::cudnn_failure(e, op, "cudnnSetStream");
+    }
+    ctx->cudnn_side = h;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// The filter gradient (and the bias gradient where asked) with handle h and workspace ws.
+cydnnStatus_t filter_and_bias(cudnnHandle_t h, ConvPlan *plan, const float *x, const float *dy, float *dweight,
+                              float *dbias, void *ws, const char *op) {
+    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(h, &kOne, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
+                                                   plan->bwd_filter_algo, ws, plan->bwd_filter_workspace, &kZero,
+                                                   plan->w_desc, dweight));
+    if (dbias != nullptr)
+        CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(h, &kOne, plan->y_desc, dy, &kZero, plan->bias_desc, dbias));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// The whole backward of one convolution.  With dx asked, the filter (and bias) gradient runs on the
+// second stream beside the data gradient, between a fork and a join: the two read the same dy and
+// write different arrays, and a step of small convolutions leaves most of the GPU idle in each.
+// Algorithms are searched, and both workspaces sized, before the fork (a search times on the stream).
+cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x, const float *weight,
+                            const float *dy, float *dx, float *dweight, float *dbias) {
+    const char *op = "conv_backward";
+    CYDNN_REQUIRE_CTX("conv_backward", ctx);
+    CYDNN_TRY(check_geometry(op, g));
+    CYDNN_REQUIRE("conv_backward", x != nullptr, "x is NULL");
+    CYDNN_REQUIRE("conv_backward", dy != nullptr, "dy is NULL");
+    CYDNN_REQUIRE("conv_backward", dweight != nullptr, "dweight is NULL");
+    CYDNN_REQUIRE("conv_backward", dx == nullptr || weight != nullptr, "weight is NULL but dx is requested");
+
+    ConvPlan *plan = nullptr;
+    CYDNN_TRY(get_plan(ctx, g, op, &plan));
+    if (dx != nullptr && !plan->bwd_data_found) CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
+    if (!plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
+    if (dx == nullptr) {
+        void *ws = nullptr;
+        CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
+        return filter_and_bias(ctx->cudnn, plan, x, dy, dweight, dbias, ws, op);
+    }
+    CYDNN_TRY(side_cudnn(ctx, op));
+    void *ws_data = nullptr, *ws_filter = nullptr;
+    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws_data, op));
+    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
+    // The join is recorded whatever the filter gradient did, so that a capture is never left with a
+    // branch that does not return.
+    CYDNN_CUDA(op, cudaEventRecord(ctx->fork, ctx->stream));
+    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+    const cydnnStatus_t side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
+    CYDNN_CUDA(op, cudaEventRecord(ctx->join, ctx->side));
+    cydnnStatus_t main = use_math(plan, plan->bwd_data_math, op);
+    if (main == CYDNN_STATUS_SUCCESS) {
+        const cudnnStatus_t e = cudnnConvolutionBackwardData(ctx->cudnn, &kOne, plan->w_desc, weight, plan->y_desc,
+                                                             dy, plan->conv_desc, plan->bwd_data_algo, ws_data,
+                                                             plan->bwd_data_workspace, &kZero, plan->x_desc, dx);
+        if (e != CUDNN_STATUS_SUCCESS) main = cydnn::cudnn_failure(e, op, "cudnnConvolutionBackwardData");
+    }
+    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+    CYDNN_TRY(side);
+    return main;
+}
+
 cydnnStatus_t host_out_of_memory(const char *op) {
     return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: out of host memory", op);
 }
@@ -201,5 +274,15 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
         return conv_backward_bias(ctx, g, dy, dbias);
     } catch (const std::bad_alloc &) {
         return host_out_of_memory("conv_backward_bias");
+    }
+}
+
+cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                  const float *weight, const float *dy, float *dx, float *dweight,
+                                  float *dbias) {
+    try {
+        return conv_backward(ctx, g, x, weight, dy, dx, dweight, dbias);
+    } catch (const std::bad_alloc &) {
+        return host_out_of_memory("conv_backward");
     }
 }

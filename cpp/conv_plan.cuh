@@ -13,9 +13,10 @@ namespace conv {
 // One result of cuDNN's measurement (kept for cydnn_conv_algorithms).
 struct Candidate {
     int algo;
-    float time_ms;
+    float time_ms;     // cuDNN's measurement (one cold run)
     int status;
     size_t memory;
+    float retimed_ms;  // ours (back-to-back runs, warm), for the fastest few usable; -1 where not timed
 };
 
 struct ConvPlan : cydnn::Plan {

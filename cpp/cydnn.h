@@ -177,12 +177,20 @@ cydnnStatus_t cydnn_conv_backward_filter(cydnnContext *ctx, const cydnnConvGeome
                                          const float *x, const float *dy, float *dweight);
 cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g,
                                        const float *dy, float *dbias);
+/* The three at once: dx (may be NULL), dweight, dbias (may be NULL).  With dx asked, dweight and
+ * dbias are computed on the context's second stream beside dx (a fork and a join by events; in a
+ * captured graph, two branches).  On return the context's stream has joined the second. */
+cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                  const float *weight, const float *dy, float *dx, float *dweight,
+                                  float *dbias);
 
 /* What cuDNN's measurement chose for each convolution plan, as text: one line
  * per measured direction, "<plan key>\t<forward|backward_data|backward_filter>
- * \t<chosen algo>\t<algo>:<ms>:<status>:<workspace bytes>,..." (every
- * candidate cuDNN timed).  Writes at most len bytes (NUL-terminated) and
- * returns the size needed, NUL included. */
+ * \t<chosen algo>\t<algo>:<ms>:<status>:<workspace bytes>:<retimed ms>,..."
+ * (every candidate cuDNN timed; retimed: the library's own warm timing of the
+ * fastest few usable ones, which chooses among them, -1 for the others).
+ * Writes at most len bytes (NUL-terminated) and returns the size needed, NUL
+ * included. */
 size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len);
 
 /* ---------------------------------------------------------------- pooling */
@@ -472,6 +480,14 @@ cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const fl
  * over n and inner (may be NULL; one block per channel, fixed order). */
 cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
                                       float *dbias, int n, int channels, size_t inner, int act, float slope);
+/* Max pooling whose windows tile its input (kernel == stride, padding 0, h and w whole numbers of
+ * windows), back-propagated together with the activation before it (compiled_act.cu): y, dx
+ * (n, c, h, w) the pooling's input (the activation's output) and the gradient before the
+ * activation, dy (n, c, h / kh, w / kw) the pooling's output gradient.  dx = g, where g is the
+ * pooling's input gradient (first maximum of each window) times act'(y); dbias[c] = sum of g over
+ * n, h, w (may be NULL).  g is bit for bit max_pool_backward followed by bias_act_backward. */
+cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *y,
+                                          const float *dy, float *dx, float *dbias, int act, float slope);
 
 /* Batch normalization in training with its activation (compiled_norm.cu), x, y (n, channels, inner):
  * y = act(gamma (x - mean) inv_std + beta) with the batch's mean and biased var per channel;

@@ -75,6 +75,7 @@ cydnnStatus_t cydnn_graph_begin(cydnnContext *ctx) {
     ctx->capturing = 1;
     ctx->capture_keep.clear();
     if (ctx->workspace != nullptr) ctx->workspace_captured = true;
+    if (ctx->side_workspace != nullptr) ctx->side_workspace_captured = true;
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -86,9 +86,7 @@ constexpr int kLtCandidates = 8;
 // Allowed inside a (relaxed) capture, where none of these calls is enqueued.
 cydnnStatus_t lt_setup(cydnnContext *ctx, const char *op) {
     if (ctx->lt != nullptr) return CYDNN_STATUS_SUCCESS;
-    if (ctx->side == nullptr) CYDNN_CUDA(op, cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
-    if (ctx->fork == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
-    if (ctx->join == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
+    CYDNN_TRY(cydnn::side_stream(ctx, op));
     for (void *&ws : ctx->lt_workspace)
         if (ws == nullptr) CYDNN_TRY(ctx->pool->allocate(kLtWorkspace, &ws));   // kept for the context's life
     cublasLtHandle_t h = nullptr;

@@ -148,6 +148,15 @@ class NumpyPlan:
         _, cache = cpu.max_pool_forward(x.copy(), s.args["kernel"], s.args["stride"], s.args["padding"])
         b[s.writes[0]][...] = cpu.max_pool_backward(dy.copy(), cache)
 
+    def _max_pool_act_backward(self, s, b, lr):
+        y, dy = b[s.reads[0]], b[s.reads[1]]
+        k = s.args["kernel"]
+        _, cache = cpu.max_pool_forward(y.copy(), k, k, 0)
+        g = cpu.max_pool_backward(dy.copy(), cache) * _dact(y, s.args["act"], s.args["slope"])
+        if s.args["dbias"]:
+            b[s.args["dbias"]][...] = g.sum(axis=(0, 2, 3))
+        b[s.args["dx"]][...] = g
+
     def _avg_pool_backward(self, s, b, lr):
         x, _, dy = (b[n] for n in s.reads)
         _, cache = cpu.avg_pool_forward(x.copy(), s.args["kernel"], s.args["stride"], s.args["padding"])

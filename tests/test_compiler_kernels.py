@@ -25,8 +25,9 @@ GLOBALS = {m for text in SOURCES.values()
            for m in re.findall(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(", text)}
 # The C function each step kind calls (python/cydnn/compiler/executor.py's DISPATCH) lives in this file.
 FILE_OF = {"linear_forward": "linear.cu", "linear_backward": "linear.cu", "conv_forward": "conv.cu",
-           "conv_bias_act": ("conv.cu", "compiled.cu"), "conv_backward": "conv.cu",
-           "bias_act_forward": "compiled.cu", "bias_act_backward": "compiled.cu",
+           "conv_bias_act": ("conv.cu", "compiled.cu", "compiled_act.cu"), "conv_backward": "conv.cu",
+           "bias_act_forward": "compiled_act.cu", "bias_act_backward": "compiled_act.cu",
+           "max_pool_act_backward": "compiled_act.cu",
            "max_pool_forward": "pool.cu", "avg_pool_forward": "pool.cu", "max_pool_backward": "pool.cu",
            "avg_pool_backward": "pool.cu", "batch_norm_forward": "batchnorm.cu",
            "bn_act_forward": "compiled_norm.cu", "bn_act_backward": "compiled_norm.cu",
@@ -70,7 +71,7 @@ def test_the_activation_backward_names_the_bias_sum_only_when_a_channel_spans_se
     n = lower.ACT_BACKWARD_CHUNK                    # exactly one block's worth: still one kernel
     assert lower._act_backward_kernels((n, 3), True) == ("act_backward_partial_kernel",)
     assert lower._act_backward_kernels((n + 1, 3), True)[-1] == "bias_sum_kernel"
-    assert re.search(rf"kChunk = {lower.ACT_BACKWARD_CHUNK};", SOURCES["compiled.cu"])
+    assert re.search(rf"kChunk = {lower.ACT_BACKWARD_CHUNK};", SOURCES["compiled_act.cu"])
 
 
 def test_batch_norm_names_its_finalize_kernels_only_for_layers_too_wide_for_a_block():

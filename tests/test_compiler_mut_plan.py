@@ -62,8 +62,8 @@ def test_training_steps_of_a_small_network():
         ("linear_backward", "8 backward", ("a4", "8.weight", "g5"), ("g4", "d:8.weight"), ("cublasLtMatmul",) * 2),
         ("bn_act_backward", "5 sigmoid + batch_norm backward", ("a2", "a3", "g3", "5.weight", "bnmean3", "bnistd3"),
          ("g2", "d:5.weight", "d:5.bias"), ("bn_grad_partial_kernel", "bn_dx_kernel")),
-        ("max_pool_backward", "4 max_pool backward", ("a1", "g2"), ("g1",), ("max_pool_backward_kernel",)),
-        ("bias_act_backward", "2 act backward", ("a1", "g1"), ("g1",), ("act_backward_kernel",)),
+        ("max_pool_act_backward", "4 max_pool + 2 act backward", ("a1", "g2"), ("g1",),
+         ("max_pool_act_backward_kernel",)),
         ("conv_backward", "2 backward", ("a0", "2.weight", "g1"), ("g0", "d:2.weight"),
          ("cudnnConvolutionBackwardData", "cudnnConvolutionBackwardFilter")),
         ("bias_act_backward", "0 act + bias backward", ("a0", "g0"), ("g0", "d:0.bias"), ("act_backward_partial_kernel",)),
@@ -81,9 +81,10 @@ def test_training_steps_of_a_small_network():
     assert args[8] == dict(dx="g5", dw="d:9.weight")
     assert args[10] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
                             grads=("d:5.weight", "d:5.bias"), saved=("bnmean3", "bnistd3"))
-    assert args[12] == dict(act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
-    assert args[13] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
-    assert args[15] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
+    # the pooling's backward and the leaky ReLU's before it: one kernel (passes.fuse_backward; 4x4 planes, 2x2)
+    assert args[11] == dict(kernel=(2, 2), act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
+    assert args[12] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
+    assert args[14] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
     b = plan.buffers
     assert (b["x"].shape, b["x"].role) == ((2, 1, 6, 6), "input")
     assert (b["labels"].shape, b["labels"].dtype, b["labels"].role) == ((2,), "int32", "label")

@@ -332,6 +332,12 @@ def test_conv_algorithms_reports_the_measured_choice():
         ok = [c for c in a["candidates"] if c[2] == 0]
         assert ok and a["algo"] in [c[0] for c in ok] and a["time_ms"] >= 0
         assert "WINOGRAD" not in a["algo"]          # TF32 off: never chosen
+        # the retimed candidates are usable ones, and the choice is the fastest of them (or Find's pick
+        # where none beat it by the margin: conv_plan.cu's kRetimeMargin)
+        assert set(a["retimed_ms"]) <= {c[0] for c in ok}
+        if len(a["retimed_ms"]) > 1:
+            assert a["algo"] in a["retimed_ms"]
+            assert a["retimed_ms"][a["algo"]] <= min(a["retimed_ms"].values()) / 0.97 + 1e-9
 
 
 # ------------------------------------------------------------ reduced precision

@@ -83,6 +83,46 @@ def test_conv(xs, ws, stride, padding, bias, kind, rng):
     check("conv_backward db", db, ref_db)
 
 
+@pytest.mark.parametrize("need_dx", [True, False])
+def test_conv_backward_forks_the_filter_gradient_eager_and_in_a_captured_graph(need_dx, rng):
+    """One C call computes dx on the stream and dw, db on the second stream (two branches of a captured graph):
+    each against float64 numpy, eager and in a graph replayed on new gradients; without dx, all on the stream."""
+    from cydnn import _C
+    x, w = f32(rng, 64, 24, 16, 16), f32(rng, 48, 24, 3, 3, scale=0.2)
+    ref_y, ref_cache = cpu.conv_forward(*f64(x, w, None), stride=1, padding=1)
+    xd, wd = cydnn.to_device(x), cydnn.to_device(w)
+    dx = _C.empty(x.shape) if need_dx else None
+    dw, db = _C.empty(w.shape), _C.empty((48,))
+
+    def expect(dy, tag):
+        ref_dx, ref_dw, _ = cpu.conv_backward(dy.astype(np.float64), ref_cache)
+        ref_db = dy.astype(np.float64).sum(axis=(0, 2, 3))
+        if need_dx:
+            check(f"conv_backward dx ({tag})", dx, ref_dx)
+        check(f"conv_backward dw ({tag})", dw, ref_dw)
+        check(f"conv_backward db ({tag})", db, ref_db)
+
+    dy = f32(rng, *ref_y.shape)
+    dyd = cydnn.to_device(dy)
+    _C.conv_backward(xd, wd, dyd, dx, dw, db, (1, 1), (1, 1))
+    expect(dy, "eager")
+    _C.graph_begin()
+    try:
+        _C.conv_backward(xd, wd, dyd, dx, dw, db, (1, 1), (1, 1))
+    except BaseException:
+        _C.graph_end(True)
+        raise
+    graph = _C.graph_end()
+    for seed in (1, 2):
+        dy2 = f32(np.random.default_rng(seed), *ref_y.shape)
+        dyd.set_(dy2)
+        for a in (dx, dw, db):
+            if a is not None:
+                a.zero_()
+        graph.launch()
+        expect(dy2, f"graph, replay {seed}")
+
+
 def test_conv_deterministic_mode_is_bitwise_repeatable(rng):
     cydnn.cuda.set_deterministic(True)
     try:

@@ -80,6 +80,9 @@ cdef extern from "cydnn.h" nogil:
                                              const float *dy, float *dweight)
     cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
                                            float *dbias)
+    cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                      const float *weight, const float *dy, float *dx, float *dweight,
+                                      float *dbias)
 
     ctypedef struct cydnnPoolGeometry:
         int n, c, h, w
@@ -254,6 +257,8 @@ cdef extern from "cydnn.h" nogil:
                                          int n, int channels, size_t inner, int act, float slope)
     cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const float *dy, float *dx,
                                           float *dbias, int n, int channels, size_t inner, int act, float slope)
+    cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *y,
+                                              const float *dy, float *dx, float *dbias, int act, float slope)
     cydnnStatus_t cydnn_bn_act_forward_train(cydnnContext *ctx, const float *x, const float *gamma,
                                              const float *beta, float *running_mean, float *running_var,
                                              double factor, double eps, float *y, float *save_mean,

@@ -1,4 +1,5 @@
-# _compiled.pxi -- wrappers of the compiler's kernels (cpp/compiled.cu), included by _C.pyx.
+# _compiled.pxi -- wrappers of the compiler's kernels (cpp/compiled.cu, compiled_act.cu, compiled_norm.cu),
+# included by _C.pyx.
 # The compiler (python/cydnn/compiler/) calls these with buffers it planned once.
 
 ACT_NONE, ACT_RELU, ACT_TANH, ACT_SIGMOID, ACT_LEAKY = (
@@ -18,6 +19,30 @@ def bias_act_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArr
     check(cydnn_bias_act_backward(ctx(), f32(y, "y"), f32(dy, "dy"), f32_or_null(dx, "dx"),
                                   f32_or_null(dbias, "dbias"), n, channels, inner, act, slope),
           "bias_act_backward")
+
+
+def max_pool_act_backward(DeviceArray y not None, DeviceArray dy not None, DeviceArray dx not None,
+                          DeviceArray dbias, tuple kernel, int act, float slope=0.0):
+    """The max pooling's backward (windows ``kernel`` that tile y: stride == kernel, no padding) and then the
+    activation's before it, in one pass: dx = (dy at each window's first maximum, 0 elsewhere) * act'(y);
+    dbias[c] = the sum of dx over n, h, w (may be None).  y, dx (n, c, h, w); dy (n, c, h / kh, w / kw)."""
+    op = "max_pool_act_backward"
+    if len(y.shape) != 4:
+        raise ValueError(f"{op}: y must be (n, c, h, w), got shape {y.shape}")
+    n, c, h, w = y.shape
+    kh, kw = kernel
+    if kh < 1 or kw < 1 or h < kh or w < kw or h % kh or w % kw:
+        raise ValueError(f"{op}: kernel {kernel} must tile y's plane ({h}, {w}) exactly")
+    if tuple(dy.shape) != (n, c, h // kh, w // kw):
+        raise ValueError(f"{op}: dy must have shape {(n, c, h // kh, w // kw)} (y {y.shape}, kernel {kernel}), "
+                         f"got {dy.shape}")
+    if tuple(dx.shape) != tuple(y.shape):
+        raise ValueError(f"{op}: dx must have y's shape {y.shape}, got {dx.shape}")
+    if dbias is not None and dbias.size != c:
+        raise ValueError(f"{op}: dbias must have {c} values (y's channels), got shape {dbias.shape}")
+    cdef cydnnPoolGeometry g = pool_geometry(tuple(y.shape), kernel, kernel, (0, 0))
+    check(cydnn_max_pool_act_backward(ctx(), &g, f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"),
+                                      f32_or_null(dbias, "dbias"), act, slope), op)
 
 
 

@@ -43,14 +43,11 @@ def conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, 
 
 def conv_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dw not None,
                   DeviceArray db, tuple stride, tuple padding):
-    """dx (backward data), dw (backward filter), db (backward bias); dx and db may be None."""
+    """dx (backward data), dw (backward filter), db (backward bias); dx and db may be None.  One C call:
+    with dx asked, dw and db are computed on the second stream beside it (cpp/conv.cu)."""
     cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
-    cdef cydnnContext *c = ctx()
-    if dx is not None:
-        check(cydnn_conv_backward_data(c, &g, f32(dy, "dy"), f32(w, "w"), f32(dx, "dx")), "conv_backward")
-    check(cydnn_conv_backward_filter(c, &g, f32(x, "x"), f32(dy, "dy"), f32(dw, "dw")), "conv_backward")
-    if db is not None:
-        check(cydnn_conv_backward_bias(c, &g, f32(dy, "dy"), f32(db, "db")), "conv_backward")
+    check(cydnn_conv_backward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
+                              f32(dw, "dw"), f32_or_null(db, "db")), "conv_backward")
 
 
 # ------------------------------------------------------------------- pooling

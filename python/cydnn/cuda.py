@@ -133,21 +133,27 @@ def conv_algorithms():
 
         {"key": "conv:n=64,c=1,h=28,...", "direction": "forward",
          "algo": "IMPLICIT_PRECOMP_GEMM", "time_ms": 0.0123,
-         "candidates": [("IMPLICIT_GEMM", 0.0150, 0), ...]}   # (algorithm, ms, cuDNN status)
+         "candidates": [("IMPLICIT_GEMM", 0.0150, 0), ...],   # (algorithm, ms, cuDNN status)
+         "retimed_ms": {"IMPLICIT_PRECOMP_GEMM": 0.0101, "IMPLICIT_GEMM": 0.0134}}
 
-    ``time_ms`` is the chosen algorithm's measured time.  Candidates with a
-    non-zero status did not run for this shape; with TF32 off, tensor-op and
+    ``time_ms`` is cuDNN's measurement of the chosen algorithm (one cold run).
+    ``retimed_ms``: the library's own timing (warm, back to back) of the
+    fastest few usable candidates, which decides among them.  Candidates with
+    a non-zero status did not run for this shape; with TF32 off, tensor-op and
     Winograd results are measured but never chosen (see cpp/conv_plan.cu).
     """
     out = []
     for line in _C.conv_algorithms_text().splitlines():
         key, direction, chosen, cands = line.split("\t")
-        candidates = []
+        candidates, retimed = [], {}
         for c in filter(None, cands.split(",")):
-            algo, ms, status, _ = c.split(":")
-            candidates.append((_algo_name(direction, int(algo)), float(ms), int(status)))
+            algo, ms, status, _, again = c.split(":")
+            name = _algo_name(direction, int(algo))
+            candidates.append((name, float(ms), int(status)))
+            if float(again) >= 0:
+                retimed[name] = float(again)
         chosen_name = _algo_name(direction, int(chosen))
         time_ms = next((ms for a, ms, st in candidates if a == chosen_name and st == 0), float("nan"))
         out.append({"key": key, "direction": direction, "algo": chosen_name, "time_ms": time_ms,
-                    "candidates": candidates})
+                    "candidates": candidates, "retimed_ms": retimed})
     return out

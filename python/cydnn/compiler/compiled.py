@@ -134,6 +134,7 @@ class CompiledStep:
         if trial.get("reason"):
             log.info("compile: fused step not used: %s", trial["reason"])
         if chosen is cand:
+            cand.generic_plan = runner.plan     # the bound plan it was timed against, for explain()
             self._runners[runner.key] = cand
             self._note(cand)            # its capture failed: "steps", with the reason
         return chosen
@@ -349,11 +350,17 @@ class CompiledStep:
     def explain(self, input_shape=None):
         """The plan as text (steps, kernels, buffers and bytes), and what runs an epoch; where the fused step
         takes the network, its plan too, and which of the two trains (or that the first batch decides)."""
-        plan = self.plan(input_shape)
+        if input_shape is None and self.input_shape is None:      # the shape of the batches seen, if any
+            seen = [k[1] for k in self._runners if k[0] == self.batch_size]
+            input_shape = seen[-1] if seen else None
+        shape = tuple(input_shape or self.input_shape or ())
+        runner = self._runners.get((self.batch_size, shape))
+        # the bound plan where one runs (its steps carry what was timed and chosen when it was bound: a
+        # convolution's direct kernel or cuDNN's), else a fresh one
+        plan = (getattr(runner, "generic_plan", None) or runner.plan) if runner is not None else self.plan(input_shape)
         text = plan.explain()
         if self.mode == "reference":
             return f"(not used: the reference loop runs, because {self.reason})\n" + text
-        shape = tuple(input_shape or self.input_shape)
         trial = self._fused_trials.get((self.batch_size, shape))
         layers = fused_train.describe_training(plan.nodes) if self.fused else "fused kernels switched off"
         if isinstance(layers, str):

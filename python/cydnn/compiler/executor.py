@@ -56,8 +56,34 @@ def time_calls(fn, calls=TUNE_CALLS):
     return (time.perf_counter() - t0) / calls
 
 
+def time_replayed(fn, calls=TUNE_CALLS):
+    """Seconds one call of ``fn`` takes on the device as a captured plan runs it: one warm-up call (an
+    algorithm search happens there, outside any capture), then ``calls`` calls captured into one CUDA graph,
+    replayed once to warm it and once timed.  The host's launch costs are not in it: a plan replayed as a
+    graph does not pay them (timing eager calls did, and chose the direct convolution kernel for the 3x32x32
+    CNN's training step, 1.8x slower there than cuDNN's: docs/performance.md, session 22).  Where the
+    capture fails, the eager calls are timed instead."""
+    fn()
+    _C.synchronize()
+    _C.graph_begin()
+    try:
+        for _ in range(calls):
+            fn()
+    except BaseException:
+        _C.graph_end(discard=True)
+        return time_calls(fn, calls)
+    graph = _C.graph_end()
+    graph.launch()
+    _C.synchronize()
+    t0 = time.perf_counter()
+    graph.launch()
+    _C.synchronize()
+    return (time.perf_counter() - t0) / calls
+
+
 def _conv_bias_act(b, s):
-    """The faster, on these buffers, of cuDNN's convolution + the epilogue kernel and the direct kernel."""
+    """The faster, on these buffers and replayed as the plan's graph replays it, of cuDNN's convolution + the
+    epilogue kernel and the direct kernel."""
     x, w, y = b[s.reads[0]], b[s.reads[1]], b[s.writes[0]]
     bias, act, slope = b.get(s.args["bias"]), s.args["act"], s.args["slope"]
     n, c = y.shape[0], y.shape[1]
@@ -75,7 +101,7 @@ def _conv_bias_act(b, s):
     else:
         times = {}
         for fn in (library, direct, library, direct):                # warm-up (algorithm search), then timed
-            times[fn] = time_calls(fn)
+            times[fn] = time_replayed(fn)
         chosen = min(times, key=times.get)
         s.args["timed_us"] = {f.__name__: round(1e6 * t, 1) for f, t in times.items()}
     s.kernels = CONV_DIRECT if chosen is direct else CONV_BIAS_ACT
@@ -106,6 +132,9 @@ DISPATCH = {
                                                       s.args["stride"], s.args["padding"])),
     "linear_backward": lambda b, s: (_C.linear_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
                                                           b.get(s.args["dx"]), b[s.args["dw"]], None)),
+    "max_pool_act_backward": lambda b, s: (_C.max_pool_act_backward, (
+        b[s.reads[0]], b[s.reads[1]], b[s.args["dx"]], b.get(s.args["dbias"]), s.args["kernel"], s.args["act"],
+        s.args["slope"])),
     "max_pool_backward": lambda b, s: (_C.max_pool_backward, (b[s.reads[0]], b[s.reads[1]], b[s.writes[0]])
                                        + _pool_args(s)),
     "avg_pool_backward": lambda b, s: (_C.avg_pool_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],

@@ -262,7 +262,8 @@ class CompiledInference:
 
     def explain(self, batch=1):
         self._fresh()
-        text = self.plan(batch).explain()
+        runner = self._runners.get(batch)       # the bound plan (with its timed choices) where one runs
+        text = (runner.plan if runner is not None else self.plan(batch)).explain()
         fused = self._fused
         if fused is not None and fused.net is not None and fused.clusters.get(batch) not in (None, "?"):
             text = (f"batches of {batch} run the fused network (cluster {fused.clusters[batch]}, timed "

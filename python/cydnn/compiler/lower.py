@@ -12,7 +12,7 @@ kernels in cpp/compiled.cu), listed with the kernels it launches.
 import math
 
 from .ir import Plan
-from .passes import ACTIVATIONS
+from .passes import ACT_BACKWARD_CHUNK, ACTIVATIONS
 from .trace import slope as _slope
 
 __all__ = ["lower_inference", "lower_training", "param_names"]
@@ -29,8 +29,6 @@ _GEMM = "cublasLtMatmul"
 LT_EPILOGUE_ACTS = (0, ACTIVATIONS["relu"])
 
 
-#: values of one channel a block of cydnn_bias_act_backward reduces (cpp/compiled.cu's kChunk)
-ACT_BACKWARD_CHUNK = 8192
 
 
 BN_IN_BLOCK_CHANNELS = 4096      # compiled_norm.cu's kInBlockChannels

@@ -8,15 +8,21 @@ activation's derivative and the bias gradient (``bias_act_backward``).  Unfused,
 work is three kernels forward (conv/GEMM, bias, activation) and two backward.
 The patterns are a table (:data:`FUSE_AFTER`); ``fuse=False`` turns the pass off.
 
+Backward fusion over a training plan (:func:`fuse_backward`): a max pooling whose windows tile
+its input, back-propagated right before the activation (and bias) it follows, becomes ONE step
+(``max_pool_act_backward``, cpp/compiled_act.cu): a thread per window writes the window's
+gradient through the activation's derivative and adds it to the bias sums, where the two steps
+wrote the pooling's input gradient, read it back, and wrote it again.
+
 Memory (:func:`plan_memory`): every arena buffer lives from the first step that touches
 it to the last; buffers whose lives do not overlap share bytes.  Placement is greedy,
 largest first, at the lowest offset that overlaps no live neighbour (aligned to 256 B).
 ``memory=False`` gives every buffer its own bytes (the off switch, to debug a suspected
 reuse bug).
 """
-from .ir import ARENA_ROLES
+from .ir import ARENA_ROLES, Step
 
-__all__ = ["fuse", "plan_memory", "FUSE_AFTER", "ACTIVATIONS"]
+__all__ = ["fuse", "fuse_backward", "plan_memory", "FUSE_AFTER", "ACTIVATIONS", "ACT_BACKWARD_CHUNK"]
 
 #: activation op -> the act code of cydnn_bias_act_* (cpp/cydnn.h)
 ACTIVATIONS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4}
@@ -25,6 +31,9 @@ ACTIVATIONS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4}
 FUSE_AFTER = ("conv2d", "linear")
 
 ALIGN = 256
+
+#: values of one channel a block of the activation-backward kernels reduces (cpp/compiled_act.cu's kChunk)
+ACT_BACKWARD_CHUNK = 8192
 
 
 def fuse(nodes, enabled=True, log=None, training=True):
@@ -50,6 +59,47 @@ def fuse(nodes, enabled=True, log=None, training=True):
             i += 1
         groups.append(group)
     return groups
+
+
+def _tiles(plan, step):
+    """Whether a max_pool_backward step's windows tile its input: kernel == stride, no padding, the plane a
+    whole number of windows (each input in exactly one window)."""
+    a = step.args
+    _, _, h, w = plan.buffers[step.reads[0]].shape
+    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
+    return (kh, kw) == (sh, sw) and (ph, pw) == (0, 0) and h % kh == 0 and w % kw == 0
+
+
+def fuse_backward(plan, enabled=True):
+    """Training: each ``max_pool_backward`` whose windows tile its input, followed by the ``bias_act_backward``
+    of the layer whose output it pooled (reading that output and the pooling's input gradient, in place),
+    becomes one ``max_pool_act_backward`` step (the pooling's input gradient is then never written alone)."""
+    if not enabled:
+        return plan
+    steps, i = [], 0
+    while i < len(plan.steps):
+        s = plan.steps[i]
+        nxt = plan.steps[i + 1] if i + 1 < len(plan.steps) else None
+        if (s.kind == "max_pool_backward" and nxt is not None and nxt.kind == "bias_act_backward"
+                and nxt.reads == (s.reads[0], s.writes[0]) and nxt.args["dx"] in (None, s.writes[0])
+                and _tiles(plan, s)):
+            dbias = nxt.args["dbias"]
+            shape = plan.buffers[s.reads[0]].shape
+            kh, kw = s.args["kernel"]
+            windows = shape[0] * (shape[2] // kh) * (shape[3] // kw)
+            chunks = -(-windows // max(1, ACT_BACKWARD_CHUNK // (kh * kw)))
+            kernels = ("max_pool_act_backward_kernel",) + (("bias_sum_kernel",) if dbias and chunks > 1 else ())
+            steps.append(Step("max_pool_act_backward", f"{s.name.split()[0]} max_pool + {nxt.name}",
+                              (s.reads[0], s.reads[1]), (s.writes[0],) + ((dbias,) if dbias else ()), kernels,
+                              dict(kernel=(kh, kw), act=nxt.args["act"], slope=nxt.args["slope"], dx=s.writes[0],
+                                   dbias=dbias)))
+            plan.log.append(f"fuse: {s.name} + {nxt.name} -> one kernel (max_pool_act_backward)")
+            i += 2
+            continue
+        steps.append(s)
+        i += 1
+    plan.steps = steps
+    return plan
 
 
 def _lifetimes(plan):

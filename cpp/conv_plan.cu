@@ -16,6 +16,7 @@
 //                   then each direction runs with the math type of its winner.
 //   deterministic:  only results with determinism == CUDNN_DETERMINISTIC count.
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -90,22 +91,51 @@ cudnnMathType_t run_math(const ConvPlan *plan, cudnnMathType_t winner) {
     return plan->allow_tf32 ? winner : CUDNN_FMA_MATH;
 }
 
-// Find times each algorithm once, cold (its first run of this shape): on the H100 it ranked cuDNN's
-// IMPLICIT_GEMM first for the 3x32x32 CNN's and SmallCNN's convolutions, slower there than the xmma
-// implicit-GEMM kernels PyTorch runs (docs/performance.md, session 22).  So the fastest kRetime usable
-// results (within kRetimeSpan of Find's best) are timed again as a step runs them: one warm-up run, then
-// kRetimeRuns back to back between two events.  The fastest of those wins; a result must beat Find's
-// pick by kRetimeMargin to displace it (a host-bound tie keeps Find's order).
+// Find times each algorithm once, cold (its first run of this shape), and with the host's cost of the
+// call in it.  A step runs its convolutions replayed in a CUDA graph, warm, with no host cost.  So the
+// fastest kRetime usable results (within kRetimeSpan of Find's best) are timed again as a step runs
+// them: kRetimeRuns calls captured into a graph, replayed once to warm up and once between two events.
+// A result whose calls cannot be captured is dropped (the step's capture would fail with it).  The
+// fastest wins; a result must beat Find's pick by kRetimeMargin to displace it.  $CYDNN_CONV_RETIME=0
+// keeps Find's pick (a switch to measure what the retiming gives: docs/performance.md, session 22).
 constexpr int kRetime = 4, kRetimeRuns = 5;
 constexpr float kRetimeSpan = 4.0f, kRetimeMargin = 0.97f;
 
-// Time run(algo, workspace bytes, math) for the candidates `idx` (Find's order); returns the position
-// in idx of the winner.  A candidate whose run fails is left out (its error cleared).
+bool retime_enabled() {
+    const char *v = std::getenv("CYDNN_CONV_RETIME");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// One candidate's time per call, replayed in a graph; -1 where its calls fail or cannot be captured.
+template <class Run, class Algo>
+float replayed_ms(cydnnContext *ctx, Run &run, Algo algo, size_t memory, cudaEvent_t start, cudaEvent_t stop) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) return -1.0f;
+    bool ok = true;
+    for (int r = 0; ok && r < kRetimeRuns; ++r) ok = run(algo, memory) == CUDNN_STATUS_SUCCESS;
+    ok = cudaStreamEndCapture(ctx->stream, &graph) == cudaSuccess && ok && graph != nullptr;
+    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    float t = -1.0f;
+    if (ok && cudaGraphLaunch(exec, ctx->stream) == cudaSuccess && cudaEventRecord(start, ctx->stream) == cudaSuccess &&
+        cudaGraphLaunch(exec, ctx->stream) == cudaSuccess && cudaEventRecord(stop, ctx->stream) == cudaSuccess &&
+        cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&t, start, stop) == cudaSuccess)
+        t /= kRetimeRuns;
+    else
+        t = -1.0f;
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return t;
+}
+
+// Time the candidates `idx` (Find's order) with run(algo, workspace bytes); returns the position in idx of
+// the winner.
 template <class Perf, class Run>
 int retime(cydnnContext *ctx, ConvPlan *plan, const Perf *perf, const int *idx, int n, float *ms, Run run,
            const char *op) {
     for (int j = 0; j < n; ++j) ms[j] = -1.0f;
-    if (n < 2 || ctx->capturing) return 0;
+    if (n < 2 || ctx->capturing || !retime_enabled()) return 0;
     cudaEvent_t start = nullptr, stop = nullptr;
     if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
         if (start) cudaEventDestroy(start);
@@ -118,12 +148,7 @@ int retime(cydnnContext *ctx, ConvPlan *plan, const Perf *perf, const int *idx, 
             cydnn_clear_error();
             continue;
         }
-        bool ok = run(p.algo, p.memory) == CUDNN_STATUS_SUCCESS && cudaEventRecord(start, ctx->stream) == cudaSuccess;
-        for (int r = 0; ok && r < kRetimeRuns; ++r) ok = run(p.algo, p.memory) == CUDNN_STATUS_SUCCESS;
-        ok = ok && cudaEventRecord(stop, ctx->stream) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess;
-        float t = 0.0f;
-        if (ok && cudaEventElapsedTime(&t, start, stop) == cudaSuccess) ms[j] = t / kRetimeRuns;
-        cudaGetLastError();
+        ms[j] = replayed_ms(ctx, run, p.algo, p.memory, start, stop);
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);

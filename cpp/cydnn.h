@@ -187,8 +187,9 @@ cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g,
 /* What cuDNN's measurement chose for each convolution plan, as text: one line
  * per measured direction, "<plan key>\t<forward|backward_data|backward_filter>
  * \t<chosen algo>\t<algo>:<ms>:<status>:<workspace bytes>:<retimed ms>,..."
- * (every candidate cuDNN timed; retimed: the library's own warm timing of the
- * fastest few usable ones, which chooses among them, -1 for the others).
+ * (every candidate cuDNN timed; retimed: the library's own timing of the
+ * fastest few usable ones replayed in a CUDA graph, which chooses among them,
+ * -1 for the others).
  * Writes at most len bytes (NUL-terminated) and returns the size needed, NUL
  * included. */
 size_t cydnn_conv_algorithms(cydnnContext *ctx, char *buf, size_t len);

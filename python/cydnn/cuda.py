@@ -137,8 +137,9 @@ def conv_algorithms():
          "retimed_ms": {"IMPLICIT_PRECOMP_GEMM": 0.0101, "IMPLICIT_GEMM": 0.0134}}
 
     ``time_ms`` is cuDNN's measurement of the chosen algorithm (one cold run).
-    ``retimed_ms``: the library's own timing (warm, back to back) of the
-    fastest few usable candidates, which decides among them.  Candidates with
+    ``retimed_ms``: the library's own timing of the fastest few usable
+    candidates as a step runs them (calls captured in a CUDA graph, replayed
+    warm), which decides among them (``$CYDNN_CONV_RETIME=0``: Find's pick).  Candidates with
     a non-zero status did not run for this shape; with TF32 off, tensor-op and
     Winograd results are measured but never chosen (see cpp/conv_plan.cu).
     """

@@ -165,6 +165,23 @@ def _saved_arrays(path):
     return {k: np.asarray(v) for k, v in model.state_dict().items()}
 
 
+def test_seeded_runs_repeat_exactly_whatever_threads_the_load_leaves(fashion, tmp_path, monkeypatch):
+    """The CPU kernels' thread counts follow the machine's load (ops/cpu/_threads.py's LoadProbe): runs with 1, 2
+    and 3 threads give the same bits (the direct weight gradient once grouped its sums by thread: two seeded
+    runs on the 16-core GPU machine differed in conv1.weight's last bits)."""
+    from cydnn.ops.cpu import _threads
+    weights = []
+    for k in (1, 2, 3):
+        monkeypatch.setattr(_threads, "kernel_threads", lambda e, k=k: k if e >= _threads.KERNEL_PARALLEL_ELEMENTS else 1)
+        monkeypatch.setattr(_threads, "omp_threads", lambda e, k=k: k if e >= _threads.PARALLEL_ELEMENTS else 1)
+        ckpt = tmp_path / f"threads{k}.npz"
+        train_here(fashion + ["--epochs", "2", "--limit-train", "96", "--seed", "3", "--save", str(ckpt)])
+        weights.append(_saved_arrays(ckpt))
+    for other in weights[1:]:
+        for name in weights[0]:
+            assert weights[0][name].tobytes() == other[name].tobytes(), name
+
+
 def test_seeded_runs_repeat_exactly_through_the_history_and_the_weights(fashion, tmp_path):
     runs = []
     for k, seed in enumerate((3, 3, 4)):

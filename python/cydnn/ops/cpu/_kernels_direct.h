@@ -13,9 +13,11 @@
  * channels at a time: 12 accumulators in registers, each input vector loaded once per (c, p, q)
  * and used for 6 FMAs -- parallel over (image, block of channels).  The weight gradient keeps,
  * for two output channels and up to 5 kernel columns q, 10 accumulators over every output row
- * (8 at a time, the end of a row masked) of the images of a thread (a contiguous share of the
- * batch), then adds them to the thread's partial sums (8 lanes each), reduced in thread order
- * at the end.  Baseline: the same sums in plain
+ * (8 at a time, the end of a row masked) of the images of a slice of the batch, for one input
+ * channel, in the slice's partial sums (8 lanes each), reduced in slice order at the end; tasks
+ * (slice, channel pair, input channel) run in parallel.  How many slices depends on the shapes
+ * alone, so the gradient's bits do not change with the threads the caller passes (which follow the
+ * machine's load: a seeded run must repeat exactly).  Baseline: the same sums in plain
  * loops (the forward parallel over (image, channel), the gradient over output channels).
  * The accumulator arrays are unrolled by pragmas, so that GCC keeps them in registers.
  *
@@ -241,6 +243,11 @@ static int cy_conv_direct_fwd_f32(const float *x, const float *w, const float *b
     return 0;
 }
 
+/* The weight gradient's tasks to aim at (enough for the threads of a large machine), and its slices of
+ * the batch at most (their partial sums: 64 x 256 weights, 0.5 MB a slice). */
+#define CY_DW_TASKS 48
+#define CY_DW_SLICES 32
+
 static int cy_conv_direct_dw_f32(const float *x, const float *dy, float *dw, float *db, long n, long c, long h,
                                  long wd, long k, int kh, int kw, int nthreads)
 {
@@ -250,36 +257,43 @@ static int cy_conv_direct_dw_f32(const float *x, const float *dy, float *dw, flo
         nthreads = 1;
 #if CY_X86
     if (cy_isa() >= 1) {
-        const long len = nw + k;  /* a thread's partial sums: dw, then db, 8 lanes each */
-        float *part = (float *)calloc((size_t)(nthreads * len * 8), sizeof(float));
+        /* Tasks: (slice of the batch, item), an item a pair of output channels and one input channel; a
+         * task accumulates its images into its slice's partial sums of its item's weights (no two tasks
+         * share a sum).  Slices only where items are few (about CY_DW_TASKS tasks in all): their
+         * number depends on the shapes alone, never on nthreads. */
+        const long len = nw + k;  /* a slice's partial sums: dw, then db, 8 lanes each */
+        const long items = (k + 1) / 2 * c;
+        long slices = (CY_DW_TASKS + items - 1) / items;
+        if (slices > n)
+            slices = n;
+        if (slices > CY_DW_SLICES)
+            slices = CY_DW_SLICES;
+        float *part = (float *)calloc((size_t)(slices * len * 8), sizeof(float));
         if (part == NULL)
             return -1;
-#pragma omp parallel num_threads(nthreads)
-        {
-            /* a contiguous share of the images per thread, each thread its own partial sums */
-            const long tid = omp_get_thread_num(), tn = omp_get_num_threads();
-            const long b0 = n * tid / tn, nimg = n * (tid + 1) / tn - b0;
-            float *mine = part + tid * len * 8;
-            for (long o = 0; o < k && nimg > 0; o += 2) {
-                const int two = o + 1 < k;
-                const float *dy0 = dy + (b0 * k + o) * plane_out;
-                for (long ci = 0; ci < c; ci++)
-                    for (int p = 0; p < kh; p++)
-                        for (int q0 = 0; q0 < kw; q0 += 5) {
-                            const int qb = kw - q0 < 5 ? kw - q0 : 5;
-                            const int first = ci == 0 && p == 0 && q0 == 0 && db != NULL;
-                            float *p0 = mine + 8 * (((o * c + ci) * kh + p) * kw + q0);
-                            cy_dw8_by_qb[qb](x + (b0 * c + ci) * plane_in + p * wd + q0, dy0,
-                                             two ? dy0 + plane_out : NULL, nimg, c * plane_in, k * plane_out,
-                                             oh, ow, wd, p0, two ? p0 + 8 * c * kh * kw : NULL,
-                                             first ? mine + 8 * (nw + o) : NULL,
-                                             first && two ? mine + 8 * (nw + o + 1) : NULL);
-                        }
-            }
+        long t;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (t = 0; t < slices * items; t++) {
+            const long sl = t / items, it = t % items, o = it / c * 2, ci = it % c;
+            const long b0 = n * sl / slices, nimg = n * (sl + 1) / slices - b0;
+            float *mine = part + sl * len * 8;
+            const int two = o + 1 < k;
+            const float *dy0 = dy + (b0 * k + o) * plane_out;
+            for (int p = 0; p < kh && nimg > 0; p++)
+                for (int q0 = 0; q0 < kw; q0 += 5) {
+                    const int qb = kw - q0 < 5 ? kw - q0 : 5;
+                    const int first = ci == 0 && p == 0 && q0 == 0 && db != NULL;
+                    float *p0 = mine + 8 * (((o * c + ci) * kh + p) * kw + q0);
+                    cy_dw8_by_qb[qb](x + (b0 * c + ci) * plane_in + p * wd + q0, dy0,
+                                     two ? dy0 + plane_out : NULL, nimg, c * plane_in, k * plane_out,
+                                     oh, ow, wd, p0, two ? p0 + 8 * c * kh * kw : NULL,
+                                     first ? mine + 8 * (nw + o) : NULL,
+                                     first && two ? mine + 8 * (nw + o + 1) : NULL);
+                }
         }
-        cy_reduce8(part, nthreads, len, nw, dw);
-        if (db != NULL)  /* the partial sums of db follow those of dw in each thread's block */
-            cy_reduce8(part + 8 * nw, nthreads, len, k, db);
+        cy_reduce8(part, slices, len, nw, dw);
+        if (db != NULL)  /* the partial sums of db follow those of dw in each slice's block */
+            cy_reduce8(part + 8 * nw, slices, len, k, db);
         free(part);
         return 0;
     }

@@ -97,9 +97,9 @@ cudnnMathType_t run_math(const ConvPlan *plan, cudnnMathType_t winner) {
 // them: kRetimeRuns calls captured into a graph, replayed once to warm up and once between two events.
 // A result whose calls cannot be captured is dropped (the step's capture would fail with it).  The
 // fastest wins; a result must beat Find's pick by kRetimeMargin to displace it, and where Find's pick is
-// deterministic only deterministic results compete (a filter gradient by atomics, ALGO_0 or ALGO_3, in
-// place of FFT made two seeded training runs differ in the last bits: tests/test_train.py).  $CYDNN_CONV_RETIME=0
-// keeps Find's pick (a switch to measure what the retiming gives: docs/performance.md, session 22).
+// deterministic only deterministic results compete: the retiming must not make a run's bits vary where
+// they did not (cuDNN's filter gradients ALGO_0 and ALGO_3 add by atomics).  $CYDNN_CONV_RETIME=0 keeps
+// Find's pick (a switch to measure what the retiming gives: docs/performance.md, session 22).
 constexpr int kRetime = 4, kRetimeRuns = 5;
 constexpr float kRetimeSpan = 4.0f, kRetimeMargin = 0.97f;
 

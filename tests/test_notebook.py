@@ -133,3 +133,18 @@ def test_without_mnist_the_notebook_says_what_to_do_in_one_line(tmp_path):
     assert len(lines) == 1, lines
     assert "CYDNN_MNIST_MIRROR=" in lines[0] and "CYDNN_DATA=" in lines[0] and str(tmp_path / "data") in lines[0]
     assert "StopIteration" not in proc.stderr
+
+
+def test_a_python_without_jupyter_is_told_what_to_install(monkeypatch, capsys):
+    """The GPU machine's Python lacked nbformat and the tool died in an ImportError traceback: it now names
+    what is missing and how to install it, before writing anything, and exits 2."""
+    spec = importlib.util.spec_from_file_location("make_notebook", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("nbformat", "ipykernel")
+                        else real(name, *a))
+    monkeypatch.setattr(tool, "write", lambda *a: pytest.fail("wrote a notebook"))
+    assert tool.main(["--execute"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks nbformat, ipykernel" in err and 'pip install -e ".[test]"' in err

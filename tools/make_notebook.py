@@ -94,6 +94,12 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=600, help="seconds one cell may run (default: 600)")
     p.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3, this Python)")
     args = p.parse_args(argv)
+    needed = ("nbformat",) + (("nbclient", "ipykernel", "matplotlib") if args.execute else ())
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:     # say what to install, before any work, instead of an ImportError's traceback
+        print(f"make_notebook: this Python ({sys.executable}) lacks {', '.join(missing)}: "
+              f'pip install -e ".[test]" installs them', file=sys.stderr)
+        return 2
     out = NOTEBOOK if args.in_place else (args.out or DEFAULT_OUT).resolve()
     nb = build()
     error, start = None, time.perf_counter()

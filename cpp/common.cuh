@@ -42,10 +42,15 @@ struct cydnnContext {
 
     cydnn::MemoryPool *pool = nullptr;
 
-    // One workspace shared by every op on this stream (stream order makes the
-    // reuse safe).  Grown on demand, never past workspace_limit.
-    void *workspace = nullptr;
-    size_t workspace_size = 0;
+    // The workspaces of the ops, one per stream: [kMainWorkspace] shared by every op on
+    // the context's stream (stream order makes the reuse safe), [kSideWorkspace] by the
+    // work forked onto the second stream.  Grown on demand, never past workspace_limit;
+    // `captured`: a captured graph may use the block (get_workspace then retires it).
+    struct Workspace {
+        void *block = nullptr;
+        size_t size = 0;
+        bool captured = false;
+    } workspaces[2];
 
     // Pinned host buffer for host<->device copies, and the event recorded
     // after its last use so the next copy does not overwrite it too early.
@@ -64,7 +69,6 @@ struct cydnnContext {
     //    allocates one inside a graph.
     int capturing = 0;
     std::vector<void *> capture_keep;
-    bool workspace_captured = false;
     std::vector<void *> retired_workspaces;
     void *cublas_workspace = nullptr;
 
@@ -78,11 +82,8 @@ struct cydnnContext {
     cublasLtHandle_t lt = nullptr;
     void *lt_workspace[2] = {nullptr, nullptr};
     // cuDNN bound to the second stream (conv.cu's filter gradient beside the data gradient), made on
-    // the first forked convolution backward, and its own workspace (kSideWorkspace of get_workspace).
+    // the first forked convolution backward; its workspace is workspaces[kSideWorkspace].
     cudnnHandle_t cudnn_side = nullptr;
-    void *side_workspace = nullptr;
-    size_t side_workspace_size = 0;
-    bool side_workspace_captured = false;
 
     // Plans built once per shape, keyed by a readable string, e.g.
     // "conv:n=64,c=1,h=28,w=28,k=6,...".
@@ -114,6 +115,12 @@ cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const c
 
 // The second stream and its fork / join events (made once, kept for the context's life).
 cydnnStatus_t side_stream(cydnnContext *ctx, const char *op);
+// Work enqueued on ctx->side after fork_side() starts after what the stream has before it;
+// join_side() makes the stream wait for all of it (eager: two streams; captured: two branches
+// of the graph, joined).  Call join_side() whatever the side's work did, so that a capture is
+// never left with a branch that does not return.
+cydnnStatus_t fork_side(cydnnContext *ctx, const char *op);
+cydnnStatus_t join_side(cydnnContext *ctx, const char *op);
 
 // Pool allocations for temporaries inside an op (freed back to the pool at
 // the end of the op; stream order makes the reuse safe).

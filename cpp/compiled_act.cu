@@ -141,6 +141,30 @@ __global__ void max_pool_act_backward_kernel(const float *y, const float *dy, fl
     if (partial != nullptr) store_block_sum(sum, partial + (size_t)c * chunks + blockIdx.x);
 }
 
+// A kernel that leaves each block's sum in partial[c * chunks + p]: where a channel spans several
+// chunks the sums go to pool scratch and bias_sum_kernel adds each channel's in order into dbias; with
+// one chunk (or no dbias) the kernel writes dbias (or nothing) itself.  launch(partial) enqueues it.
+template <class Launch>
+cydnnStatus_t with_channel_sums(cydnnContext *ctx, float *dbias, int channels, int chunks, const char *op,
+                                const char *kernels, Launch launch) {
+    float *partial = dbias;
+    void *scratch = nullptr;
+    if (dbias != nullptr && chunks > 1) {
+        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
+        partial = static_cast<float *>(scratch);
+    }
+    launch(partial);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && scratch != nullptr) {
+        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
+            partial, dbias, channels, chunks);
+        e = cudaGetLastError();
+    }
+    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
+    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, kernels);
+    return CYDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const float *bias, float *y,
@@ -174,12 +198,6 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     const size_t per_channel = (size_t)n * inner;
     const int chunks = (int)((per_channel + kChunk - 1) / kChunk);
     CYDNN_REQUIRE(op, channels <= 65535, "at most 65535 channels, got %d", channels);
-    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
-    void *scratch = nullptr;
-    if (dbias != nullptr && chunks > 1) {
-        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)channels * chunks, &scratch));
-        partial = static_cast<float *>(scratch);
-    }
     const size_t total = per_channel * channels;
     if (dbias == nullptr) {                       // no sums: one flat element-wise pass
         if (fits_32(total))
@@ -191,21 +209,15 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
         CYDNN_LAUNCH_CHECK(op, "act_backward_kernel");
         return CYDNN_STATUS_SUCCESS;
     }
-    if (fits_32(total))
-        act_backward_partial_kernel<unsigned><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
-    else
-        act_backward_partial_kernel<size_t><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && scratch != nullptr) {
-        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
-            partial, dbias, channels, chunks);
-        e = cudaGetLastError();
-    }
-    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
-    if (e != cudaSuccess) return cydnn::cuda_failure(e, op, "launch of act_backward_partial_kernel / bias_sum_kernel");
-    return CYDNN_STATUS_SUCCESS;
+    return with_channel_sums(ctx, dbias, channels, chunks, op, "launch of act_backward_partial_kernel / bias_sum_kernel",
+                             [&](float *partial) {
+        if (fits_32(total))
+            act_backward_partial_kernel<unsigned><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+                y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
+        else
+            act_backward_partial_kernel<size_t><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+                y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
+    });
 }
 
 cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *y,
@@ -227,28 +239,15 @@ cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeom
     const size_t windows = (size_t)g->n * oh * ow;                 // of one channel
     const size_t per_block = kChunk / ((size_t)g->kh * g->kw) > 0 ? kChunk / ((size_t)g->kh * g->kw) : 1;
     const int chunks = (int)((windows + per_block - 1) / per_block);
-    float *partial = dbias;                       // one chunk: the block's sum is the bias gradient
-    void *scratch = nullptr;
-    if (dbias != nullptr && chunks > 1) {
-        CYDNN_TRY(cydnn::pool_alloc(ctx, sizeof(float) * (size_t)g->c * chunks, &scratch));
-        partial = static_cast<float *>(scratch);
-    }
     const dim3 grid((unsigned)chunks, (unsigned)g->c);
-    if (fits_32((size_t)g->n * g->c * g->h * g->w))
-        max_pool_act_backward_kernel<unsigned><<<grid, kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (unsigned)g->c, oh, ow, g->kh, g->kw, (unsigned)windows, (unsigned)per_block, chunks,
-            act, slope);
-    else
-        max_pool_act_backward_kernel<size_t><<<grid, kReduceThreads, 0, ctx->stream>>>(
-            y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess && scratch != nullptr) {
-        bias_sum_kernel<<<(g->c + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
-            partial, dbias, g->c, chunks);
-        e = cudaGetLastError();
-    }
-    if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe
-    if (e != cudaSuccess)
-        return cydnn::cuda_failure(e, op, "launch of max_pool_act_backward_kernel / bias_sum_kernel");
-    return CYDNN_STATUS_SUCCESS;
+    return with_channel_sums(ctx, dbias, g->c, chunks, op, "launch of max_pool_act_backward_kernel / bias_sum_kernel",
+                             [&](float *partial) {
+        if (fits_32((size_t)g->n * g->c * g->h * g->w))
+            max_pool_act_backward_kernel<unsigned><<<grid, kReduceThreads, 0, ctx->stream>>>(
+                y, dy, dx, partial, (unsigned)g->c, oh, ow, g->kh, g->kw, (unsigned)windows, (unsigned)per_block,
+                chunks, act, slope);
+        else
+            max_pool_act_backward_kernel<size_t><<<grid, kReduceThreads, 0, ctx->stream>>>(
+                y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope);
+    });
 }

@@ -281,28 +281,25 @@ cydnnStatus_t get_workspace(cydnnContext *ctx, size_t bytes, void **ptr, const c
     if (bytes > ctx->workspace_limit)
         return fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: needs %zu bytes of workspace, over the limit of %zu",
                     op, bytes, ctx->workspace_limit);
-    const bool side = which == kSideWorkspace;
-    void *&block = side ? ctx->side_workspace : ctx->workspace;
-    size_t &size = side ? ctx->side_workspace_size : ctx->workspace_size;
-    bool &captured = side ? ctx->side_workspace_captured : ctx->workspace_captured;
-    if (bytes > size) {
+    cydnnContext::Workspace &ws = ctx->workspaces[which == kSideWorkspace ? kSideWorkspace : kMainWorkspace];
+    if (bytes > ws.size) {
         // The old block goes back to the pool; stream order keeps it safe for
         // kernels still queued that use it (the second stream's work has joined
         // the stream before the next op asks).  Unless a captured graph may use
         // it: then it is retired (kept), since a replay would write into it later.
-        if (block) {
-            if (captured || ctx->capturing)
-                ctx->retired_workspaces.push_back(block);
+        if (ws.block) {
+            if (ws.captured || ctx->capturing)
+                ctx->retired_workspaces.push_back(ws.block);
             else
-                CYDNN_TRY(ctx->pool->release(block));
+                CYDNN_TRY(ctx->pool->release(ws.block));
         }
-        block = nullptr;
-        size = 0;
-        CYDNN_TRY(ctx->pool->allocate(bytes, &block));
-        size = bytes;
-        captured = ctx->capturing != 0;
+        ws.block = nullptr;
+        ws.size = 0;
+        CYDNN_TRY(ctx->pool->allocate(bytes, &ws.block));
+        ws.size = bytes;
+        ws.captured = ctx->capturing != 0;
     }
-    *ptr = block;
+    *ptr = ws.block;
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -310,6 +307,18 @@ cydnnStatus_t side_stream(cydnnContext *ctx, const char *op) {
     if (ctx->side == nullptr) CYDNN_CUDA(op, cudaStreamCreateWithFlags(&ctx->side, cudaStreamNonBlocking));
     if (ctx->fork == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->fork, cudaEventDisableTiming));
     if (ctx->join == nullptr) CYDNN_CUDA(op, cudaEventCreateWithFlags(&ctx->join, cudaEventDisableTiming));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t fork_side(cydnnContext *ctx, const char *op) {
+    CYDNN_CUDA(op, cudaEventRecord(ctx->fork, ctx->stream));
+    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t join_side(cydnnContext *ctx, const char *op) {
+    CYDNN_CUDA(op, cudaEventRecord(ctx->join, ctx->side));
+    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
     return CYDNN_STATUS_SUCCESS;
 }
 

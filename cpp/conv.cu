@@ -95,6 +95,28 @@ cydnnStatus_t conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const 
     return CYDNN_STATUS_SUCCESS;
 }
 
+// The data gradient with cuDNN handle h (the context's: its stream) and workspace ws.
+cydnnStatus_t data_gradient(cudnnHandle_t h, ConvPlan *plan, const float *weight, const float *dy, float *dx,
+                            void *ws, const char *op) {
+    CYDNN_TRY(use_math(plan, plan->bwd_data_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardData(h, &kOne, plan->w_desc, weight, plan->y_desc, dy, plan->conv_desc,
+                                                 plan->bwd_data_algo, ws, plan->bwd_data_workspace, &kZero,
+                                                 plan->x_desc, dx));
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// The filter gradient (and the bias gradient where asked) with handle h and workspace ws.
+cydnnStatus_t filter_and_bias(cudnnHandle_t h, ConvPlan *plan, const float *x, const float *dy, float *dweight,
+                              float *dbias, void *ws, const char *op) {
+    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
+    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(h, &kOne, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
+                                                   plan->bwd_filter_algo, ws, plan->bwd_filter_workspace, &kZero,
+                                                   plan->w_desc, dweight));
+    if (dbias != nullptr)
+        CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(h, &kOne, plan->y_desc, dy, &kZero, plan->bias_desc, dbias));
+    return CYDNN_STATUS_SUCCESS;
+}
+
 cydnnStatus_t conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
                                  const float *weight, float *dx) {
     const char *op = "conv_backward_data";
@@ -110,13 +132,7 @@ cydnnStatus_t conv_backward_data(cydnnContext *ctx, const cydnnConvGeometry *g, 
 
     void *ws = nullptr;
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws, op));
-    CYDNN_TRY(use_math(plan, plan->bwd_data_math, op));
-    CYDNN_CUDNN(op, cudnnConvolutionBackwardData(ctx->cudnn, &kOne, plan->w_desc, weight,
-                                                 plan->y_desc, dy, plan->conv_desc,
-                                                 plan->bwd_data_algo, ws,
-                                                 plan->bwd_data_workspace, &kZero, plan->x_desc,
-                                                 dx));
-    return CYDNN_STATUS_SUCCESS;
+    return data_gradient(ctx->cudnn, plan, weight, dy, dx, ws, op);
 }
 
 cydnnStatus_t conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
@@ -134,13 +150,7 @@ cydnnStatus_t conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g
 
     void *ws = nullptr;
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
-    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
-    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(ctx->cudnn, &kOne, plan->x_desc, x,
-                                                   plan->y_desc, dy, plan->conv_desc,
-                                                   plan->bwd_filter_algo, ws,
-                                                   plan->bwd_filter_workspace, &kZero,
-                                                   plan->w_desc, dweight));
-    return CYDNN_STATUS_SUCCESS;
+    return filter_and_bias(ctx->cudnn, plan, x, dy, dweight, nullptr, ws, op);
 }
 
 cydnnStatus_t conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
@@ -174,18 +184,6 @@ cydnnStatus_t side_cudnn(cydnnContext *ctx, const char *op) {
     return CYDNN_STATUS_SUCCESS;
 }
 
-// The filter gradient (and the bias gradient where asked) with handle h and workspace ws.
-cydnnStatus_t filter_and_bias(cudnnHandle_t h, ConvPlan *plan, const float *x, const float *dy, float *dweight,
-                              float *dbias, void *ws, const char *op) {
-    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
-    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(h, &kOne, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
-                                                   plan->bwd_filter_algo, ws, plan->bwd_filter_workspace, &kZero,
-                                                   plan->w_desc, dweight));
-    if (dbias != nullptr)
-        CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(h, &kOne, plan->y_desc, dy, &kZero, plan->bias_desc, dbias));
-    return CYDNN_STATUS_SUCCESS;
-}
-
 // The whole backward of one convolution.  With dx asked, the filter (and bias) gradient runs on the
 // second stream beside the data gradient, between a fork and a join: the two read the same dy and
 // write different arrays, and a step of small convolutions leaves most of the GPU idle in each.
@@ -213,20 +211,10 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
     void *ws_data = nullptr, *ws_filter = nullptr;
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws_data, op));
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
-    // The join is recorded whatever the filter gradient did, so that a capture is never left with a
-    // branch that does not return.
-    CYDNN_CUDA(op, cudaEventRecord(ctx->fork, ctx->stream));
-    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+    CYDNN_TRY(cydnn::fork_side(ctx, op));
     const cydnnStatus_t side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
-    CYDNN_CUDA(op, cudaEventRecord(ctx->join, ctx->side));
-    cydnnStatus_t main = use_math(plan, plan->bwd_data_math, op);
-    if (main == CYDNN_STATUS_SUCCESS) {
-        const cudnnStatus_t e = cudnnConvolutionBackwardData(ctx->cudnn, &kOne, plan->w_desc, weight, plan->y_desc,
-                                                             dy, plan->conv_desc, plan->bwd_data_algo, ws_data,
-                                                             plan->bwd_data_workspace, &kZero, plan->x_desc, dx);
-        if (e != CUDNN_STATUS_SUCCESS) main = cydnn::cudnn_failure(e, op, "cudnnConvolutionBackwardData");
-    }
-    CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+    const cydnnStatus_t main = data_gradient(ctx->cudnn, plan, weight, dy, dx, ws_data, op);
+    CYDNN_TRY(cydnn::join_side(ctx, op));
     CYDNN_TRY(side);
     return main;
 }

@@ -74,8 +74,8 @@ cydnnStatus_t cydnn_graph_begin(cydnnContext *ctx) {
     CYDNN_CUDA(kGraphOp, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed));
     ctx->capturing = 1;
     ctx->capture_keep.clear();
-    if (ctx->workspace != nullptr) ctx->workspace_captured = true;
-    if (ctx->side_workspace != nullptr) ctx->side_workspace_captured = true;
+    for (cydnnContext::Workspace &ws : ctx->workspaces)
+        if (ws.block != nullptr) ws.captured = true;
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -305,15 +305,12 @@ cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const flo
     if (dx == nullptr) {
         CYDNN_TRY(gemm(ctx, dw, 0, op));
     } else {
-        // dx^T (in x n) = W^T * dy^T, on the context's stream; dW beside it on the second stream.  The join is
-        // recorded whatever the product did, so that a capture is never left with a branch that does not return.
-        CYDNN_CUDA(op, cudaEventRecord(ctx->fork, ctx->stream));
-        CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->side, ctx->fork, 0));
+        // dx^T (in x n) = W^T * dy^T, on the context's stream; dW beside it on the second stream.
+        CYDNN_TRY(cydnn::fork_side(ctx, op));
         const cydnnStatus_t side = gemm(ctx, dw, 1, op);
-        CYDNN_CUDA(op, cudaEventRecord(ctx->join, ctx->side));
         const cydnnStatus_t main = gemm(ctx, {CUBLAS_OP_N, CUBLAS_OP_N, in_features, n, out_features, weight,
                                               in_features, dy, out_features, dx, in_features, nullptr, false}, 0, op);
-        CYDNN_CUDA(op, cudaStreamWaitEvent(ctx->stream, ctx->join, 0));
+        CYDNN_TRY(cydnn::join_side(ctx, op));
         CYDNN_TRY(side);
         CYDNN_TRY(main);
     }

@@ -5,6 +5,7 @@
 //   dweight = conv_backward_filter(x, dy)
 //   dbias[k] = sum of dy over n, oh, ow
 //   conv_backward: all three, the filter and bias gradients on the second stream beside dx
+//                  (dx by cuDNN, or by an implicit-GEMM tile of conv_igemm.cu: cydnn_conv_backward_ex)
 //
 // Cross-correlation (no kernel flip), as PyTorch.  Each op gets the geometry's
 // ConvPlan (descriptors, and per direction the algorithm cuDNN measured to be
@@ -13,6 +14,7 @@
 // math settings (TF32, determinism) are in conv_plan.cu / conv_plan.cuh.
 #include <new>
 
+#include "conv_igemm.cuh"
 #include "conv_plan.cuh"
 
 namespace {
@@ -188,8 +190,9 @@ cydnnStatus_t side_cudnn(cydnnContext *ctx, const char *op) {
 // second stream beside the data gradient, between a fork and a join: the two read the same dy and
 // write different arrays, and a step of small convolutions leaves most of the GPU idle in each.
 // Algorithms are searched, and both workspaces sized, before the fork (a search times on the stream).
+// dx_tile >= 0: dx by that implicit-GEMM tile (stride 1) instead of cuDNN.
 cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x, const float *weight,
-                            const float *dy, float *dx, float *dweight, float *dbias) {
+                            const float *dy, float *dx, float *dweight, float *dbias, int dx_tile) {
     const char *op = "conv_backward";
     CYDNN_REQUIRE_CTX("conv_backward", ctx);
     CYDNN_TRY(check_geometry(op, g));
@@ -200,7 +203,10 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
 
     ConvPlan *plan = nullptr;
     CYDNN_TRY(get_plan(ctx, g, op, &plan));
-    if (dx != nullptr && !plan->bwd_data_found) CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
+    CYDNN_REQUIRE("conv_backward", dx_tile < 0 || (g->stride_h == 1 && g->stride_w == 1),
+                  "the implicit-GEMM data gradient takes stride 1, got %dx%d", g->stride_h, g->stride_w);
+    if (dx != nullptr && dx_tile < 0 && !plan->bwd_data_found)
+        CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
     if (!plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
     if (dx == nullptr) {
         void *ws = nullptr;
@@ -209,11 +215,12 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
     }
     CYDNN_TRY(side_cudnn(ctx, op));
     void *ws_data = nullptr, *ws_filter = nullptr;
-    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws_data, op));
+    if (dx_tile < 0) CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws_data, op));
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
     CYDNN_TRY(cydnn::fork_side(ctx, op));
     const cydnnStatus_t side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
-    const cydnnStatus_t main = data_gradient(ctx->cudnn, plan, weight, dy, dx, ws_data, op);
+    const cydnnStatus_t main = dx_tile < 0 ? data_gradient(ctx->cudnn, plan, weight, dy, dx, ws_data, op)
+                                           : cydnn::igemm_data_gradient(ctx, g, dy, weight, dx, dx_tile, op);
     CYDNN_TRY(cydnn::join_side(ctx, op));
     CYDNN_TRY(side);
     return main;
@@ -268,8 +275,14 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
 cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                   const float *weight, const float *dy, float *dx, float *dweight,
                                   float *dbias) {
+    return cydnn_conv_backward_ex(ctx, g, x, weight, dy, dx, dweight, dbias, -1);
+}
+
+cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                     const float *weight, const float *dy, float *dx, float *dweight,
+                                     float *dbias, int dx_tile) {
     try {
-        return conv_backward(ctx, g, x, weight, dy, dx, dweight, dbias);
+        return conv_backward(ctx, g, x, weight, dy, dx, dweight, dbias, dx_tile);
     } catch (const std::bad_alloc &) {
         return host_out_of_memory("conv_backward");
     }

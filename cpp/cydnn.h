@@ -183,6 +183,11 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
 cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                   const float *weight, const float *dy, float *dx, float *dweight,
                                   float *dbias);
+/* The same with dx (stride 1) by the implicit-GEMM kernel's tile dx_tile (below) where dx_tile >= 0,
+ * cuDNN where it is -1.  The filter and bias gradients are cuDNN's either way. */
+cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                     const float *weight, const float *dy, float *dx, float *dweight,
+                                     float *dbias, int dx_tile);
 
 /* What cuDNN's measurement chose for each convolution plan, as text: one line
  * per measured direction, "<plan key>\t<forward|backward_data|backward_filter>
@@ -540,6 +545,14 @@ cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, con
  * kernel, one thread per output element: for small problems, where cuDNN's kernels are slow. */
 cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                         const float *w, const float *b, float *y, int act, float slope);
+
+/* Convolution, bias (may be NULL) and activation as an implicit GEMM on the CUDA cores (conv_igemm.cu):
+ * a block computes `rows` output pixels x `channels` output channels (tile 0 .. count - 1, named by
+ * cydnn_igemm_conv_tile).  For c*kh*kw and k*kh*kw up to 2304; the compiler times the tiles against cuDNN. */
+int cydnn_igemm_conv_tile_count(void);
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads);
+cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                       const float *w, const float *b, float *y, int act, float slope, int tile);
 
 /* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
  * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */

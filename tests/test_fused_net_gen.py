@@ -325,6 +325,41 @@ def test_a_compiled_inference_adopts_the_generated_kernel_and_sees_new_weights(n
 
 @gpu
 @needs_nvrtc
+def test_where_the_plan_beat_the_interpreter_the_generated_kernel_is_timed_against_it(monkeypatch):
+    """The first choice (made to go to the plan here: the plan's time reported 10 % under the fastest cluster's)
+    starts the generated kernel's compile anyway; once it is adopted, it and the plan are timed again as numpy
+    calls and the faster serves: the choice follows those two times, and the outputs stay the reference's."""
+    monkeypatch.delenv("CYDNN_FUSED_GEN", raising=False)
+    real = fused_net.FusedChoice._time
+
+    def plan_first(candidates):
+        times = real(candidates)
+        times[None] = 0.9 * min(t for k, t in times.items() if k is not None)
+        return times
+    monkeypatch.setattr(fused_net.FusedChoice, "_time", staticmethod(plan_first))
+    make, shape = ZOO["cnn32"]
+    model = make().to("cuda").eval()
+    infer = cydnn.compile(model, input_shape=shape)
+    x = np.random.default_rng(23).standard_normal((1,) + shape).astype(np.float32)
+    want = model(_C.to_device(x)).numpy()
+    np.testing.assert_allclose(infer(x), want, rtol=1e-5, atol=2e-6)
+    fused = infer.info()["fused_net"]
+    assert fused["clusters"][1] is None and fused["generated"], fused
+    (cluster, gen), = fused["generated"].items()
+    infer.wait_generated()
+    fused = infer.info()["fused_net"]
+    timed = fused["timed_us"][1]
+    if fused["generated"][cluster]["status"] == "in use":
+        assert f"generated/{cluster}" in timed and "plan again" in timed, timed
+        faster = timed[f"generated/{cluster}"] < timed["plan again"]
+        assert fused["clusters"][1] == (cluster if faster else None), fused
+    else:                                             # refused, or slower than the interpreter: the plan stays
+        assert fused["clusters"][1] is None and f"generated/{cluster}" not in timed, fused
+    np.testing.assert_allclose(infer(x), want, rtol=1e-5, atol=2e-6)
+
+
+@gpu
+@needs_nvrtc
 def test_a_kernel_from_the_disk_cache_runs_and_gives_nvrtcs_outputs(tmp_path, monkeypatch):
     monkeypatch.delenv("CYDNN_FUSED_GEN", raising=False)
     monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path / "kernels"))

@@ -83,6 +83,9 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                       const float *weight, const float *dy, float *dx, float *dweight,
                                       float *dbias)
+    cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                         const float *weight, const float *dy, float *dx, float *dweight,
+                                         float *dbias, int dx_tile)
 
     ctypedef struct cydnnPoolGeometry:
         int n, c, h, w
@@ -294,6 +297,10 @@ cdef extern from "cydnn.h" nogil:
                                         size_t per_out, float *w_out, float *b_out)
     cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                             const float *w, const float *b, float *y, int act, float slope)
+    int cydnn_igemm_conv_tile_count()
+    cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads)
+    cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                           const float *w, const float *b, float *y, int act, float slope, int tile)
 
 
 # ------------------------------------------------ the fused network (fused_net.cu)

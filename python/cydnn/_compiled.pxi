@@ -151,9 +151,45 @@ def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not
                                 f32(b_out, "b_out")), "fold_batch_norm")
 
 
+def _conv_shapes(str op, DeviceArray x, DeviceArray w, DeviceArray b, DeviceArray y, tuple stride, tuple padding):
+    """Refuse, before any GPU work, arrays that do not make the convolution y = conv(x, w) + b."""
+    if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
+        raise ValueError(f"{op}: x, w and y must be 4-D, got {x.shape}, {w.shape}, {y.shape}")
+    if len(stride) != 2 or len(padding) != 2 or min(stride) < 1 or min(padding) < 0:
+        raise ValueError(f"{op}: stride {stride} must be two ints >= 1 and padding {padding} two ints >= 0")
+    oh = (x.shape[2] + 2 * padding[0] - w.shape[2]) // stride[0] + 1
+    ow = (x.shape[3] + 2 * padding[1] - w.shape[3]) // stride[1] + 1
+    want = (x.shape[0], w.shape[0], oh, ow)
+    if w.shape[1] != x.shape[1] or tuple(y.shape) != want:
+        raise ValueError(f"{op}: x {x.shape} and w {w.shape} (stride {stride}, padding {padding}) make y "
+                         f"{want} with w.shape[1] == x.shape[1], got y {y.shape}")
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise ValueError(f"{op}: b must have shape ({w.shape[0]},), got {b.shape}")
+
+
 def direct_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None,
                         tuple stride, tuple padding, int act, float slope=0.0):
     """y = act(conv(x, w) + b) in one direct kernel (cydnn_direct_conv_forward)."""
+    _conv_shapes("direct_conv_forward", x, w, b, y, stride, padding)
     cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
     check(cydnn_direct_conv_forward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"), act,
                                     slope), "direct_conv_forward")
+
+
+def igemm_conv_tiles():
+    """The implicit-GEMM convolution's tiles: a list of (output pixels, output channels, threads) a block."""
+    cdef int rows = 0, channels = 0, threads = 0
+    tiles = []
+    for t in range(cydnn_igemm_conv_tile_count()):
+        check(cydnn_igemm_conv_tile(t, &rows, &channels, &threads), "igemm_conv_tiles")
+        tiles.append((rows, channels, threads))
+    return tiles
+
+
+def igemm_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None,
+                       tuple stride, tuple padding, int act, float slope=0.0, int tile=0):
+    """y = act(conv(x, w) + b) as an implicit GEMM by tile ``tile`` (cydnn_igemm_conv_forward)."""
+    _conv_shapes("igemm_conv_forward", x, w, b, y, stride, padding)
+    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
+    check(cydnn_igemm_conv_forward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"), act,
+                                   slope, tile), "igemm_conv_forward")

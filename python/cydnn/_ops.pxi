@@ -42,12 +42,13 @@ def conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, 
 
 
 def conv_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy not None, DeviceArray dx, DeviceArray dw not None,
-                  DeviceArray db, tuple stride, tuple padding):
+                  DeviceArray db, tuple stride, tuple padding, int dx_tile=-1):
     """dx (backward data), dw (backward filter), db (backward bias); dx and db may be None.  One C call:
-    with dx asked, dw and db are computed on the second stream beside it (cpp/conv.cu)."""
+    with dx asked, dw and db are computed on the second stream beside it (cpp/conv.cu).  dx_tile >= 0: dx
+    by that tile of the implicit-GEMM kernel (stride 1; cpp/conv_igemm.cu) instead of cuDNN."""
     cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
-    check(cydnn_conv_backward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
-                              f32(dw, "dw"), f32_or_null(db, "db")), "conv_backward")
+    check(cydnn_conv_backward_ex(ctx(), &g, f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
+                                 f32(dw, "dw"), f32_or_null(db, "db"), dx_tile), "conv_backward")
 
 
 # ------------------------------------------------------------------- pooling

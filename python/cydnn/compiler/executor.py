@@ -21,8 +21,9 @@ import time
 import numpy as np
 
 from .. import _C
+from ..errors import CydnnError
 from .ir import ARENA_ROLES
-from .lower import CONV_BIAS_ACT, CONV_DIRECT
+from .lower import CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_FILTER, conv_igemm_kernel
 
 __all__ = ["Bound", "DISPATCH"]
 
@@ -81,38 +82,100 @@ def time_replayed(fn, calls=TUNE_CALLS):
     return (time.perf_counter() - t0) / calls
 
 
-def _conv_bias_act(b, s):
-    """The faster, on these buffers and replayed as the plan's graph replays it, of cuDNN's convolution + the
-    epilogue kernel and the direct kernel."""
+def igemm_tiles(out_channels):
+    """The implicit-GEMM convolution's tiles worth timing for a layer of ``out_channels`` output channels:
+    (index, (rows, channels, threads)) of those whose channels are not more than twice as many (beyond, most
+    of a block's work would be padding) -- the narrowest is always kept."""
+    tiles = list(enumerate(_C.igemm_conv_tiles()))
+    narrowest = min(t[1] for _, t in tiles)
+    return [(i, t) for i, t in tiles if t[1] == narrowest or t[1] < 2 * out_channels]
+
+
+def _fastest(candidates, forced=None):
+    """The fastest of ``candidates`` (name -> zero-argument call), each timed replayed as the plan's graph replays
+    it, twice round (the first round warms up: cuDNN's algorithm search, the graphs' first launches); a candidate
+    that raises (a shape its kernel does not take) is dropped.  ``forced``: only the names it starts with
+    (``$CYDNN_CONV``, a switch for tests and debugging), where any is left.  Returns (name, {name: us})."""
+    kept = {k: f for k, f in candidates.items() if forced and k.startswith(forced)}
+    for pool in (kept, candidates):
+        times = dict.fromkeys(pool)
+        for _ in range(2):
+            for name in list(times):
+                try:
+                    times[name] = time_replayed(pool[name])
+                except CydnnError:
+                    del times[name]
+        if times:
+            chosen = min(times, key=times.get)
+            return chosen, {k: round(1e6 * t, 1) for k, t in times.items()}
+    candidates["library"]()                      # the library's own way: let its error speak
+    raise RuntimeError("no way of the convolution ran")
+
+
+def _conv_forward(b, s):
+    """The fastest, on these buffers and replayed as the plan's graph replays it, of cuDNN's convolution (+ the
+    epilogue kernel, for a conv_bias_act step), the direct kernel (conv_bias_act), and the implicit-GEMM kernel's
+    tiles (cpp/conv_igemm.cu), which take the bias and activation in their epilogue."""
     x, w, y = b[s.reads[0]], b[s.reads[1]], b[s.writes[0]]
-    bias, act, slope = b.get(s.args["bias"]), s.args["act"], s.args["slope"]
+    epilogue = s.kind == "conv_bias_act"
+    bias = b.get(s.args["bias"]) if epilogue else None
+    act, slope = (s.args["act"], s.args["slope"]) if epilogue else (0, 0.0)
+    stride, padding = s.args["stride"], s.args["padding"]
     n, c = y.shape[0], y.shape[1]
     inner = _inner(y)
 
     def library():
-        _C.conv_forward(x, w, None, y, s.args["stride"], s.args["padding"])
-        _C.bias_act_forward(y, bias, y, n, c, inner, act, slope)
+        _C.conv_forward(x, w, None, y, stride, padding)
+        if epilogue:
+            _C.bias_act_forward(y, bias, y, n, c, inner, act, slope)
 
     def direct():
-        _C.direct_conv_forward(x, w, bias, y, s.args["stride"], s.args["padding"], act, slope)
+        _C.direct_conv_forward(x, w, bias, y, stride, padding, act, slope)
 
-    if os.environ.get("CYDNN_CONV") in ("library", "direct"):       # a switch for tests and debugging
-        chosen = library if os.environ["CYDNN_CONV"] == "library" else direct
-    else:
-        times = {}
-        for fn in (library, direct, library, direct):                # warm-up (algorithm search), then timed
-            times[fn] = time_replayed(fn)
-        chosen = min(times, key=times.get)
-        s.args["timed_us"] = {f.__name__: round(1e6 * t, 1) for f, t in times.items()}
-    s.kernels = CONV_DIRECT if chosen is direct else CONV_BIAS_ACT
-    return chosen, ()
+    def igemm(tile):
+        return lambda: _C.igemm_conv_forward(x, w, bias, y, stride, padding, act, slope, tile)
+
+    candidates = {"library": library}
+    kernels = {"library": CONV_BIAS_ACT if epilogue else s.kernels}
+    if epilogue:
+        candidates["direct"], kernels["direct"] = direct, CONV_DIRECT
+    for i, t in igemm_tiles(c):
+        name = f"igemm{t[0]}x{t[1]}"
+        candidates[name], kernels[name] = igemm(i), (conv_igemm_kernel(t),)
+    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
+    if len(timed) > 1:
+        s.args["timed_us"] = timed
+    s.kernels = kernels[chosen]
+    return candidates[chosen], ()
+
+
+def _conv_backward(b, s):
+    """A convolution's backward; where dx is asked and the stride is 1, dx by cuDNN or by an implicit-GEMM tile,
+    whichever is faster replayed (the filter gradient, beside it on the second stream, is cuDNN's either way)."""
+    x, w, dy = b[s.reads[0]], b[s.reads[1]], b[s.reads[2]]
+    dx, dw = b.get(s.args["dx"]), b[s.args["dw"]]
+    stride, padding = s.args["stride"], s.args["padding"]
+    args = (x, w, dy, dx, dw, None, stride, padding)
+    if dx is None or tuple(stride) != (1, 1):
+        return _C.conv_backward, args
+    candidates = {"library": lambda: _C.conv_backward(*args)}
+    tiles = {"library": (-1, None)}
+    for i, t in igemm_tiles(x.shape[1]):
+        name = f"igemm{t[0]}x{t[1]}"
+        candidates[name], tiles[name] = (lambda tile=i: _C.conv_backward(*args, tile)), (i, t)
+    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
+    if len(timed) > 1:
+        s.args["timed_us"] = timed
+    tile, shape = tiles[chosen]
+    if tile >= 0:
+        s.kernels = (conv_igemm_kernel(shape), CONV_BACKWARD_FILTER)
+    return _C.conv_backward, args + (tile,)
 
 
 #: step kind -> function(bound arrays, step) -> (library function, its arguments)
 DISPATCH = {
-    "conv_forward": lambda b, s: (_C.conv_forward, (b[s.reads[0]], b[s.reads[1]], None, b[s.writes[0]],
-                                                    s.args["stride"], s.args["padding"])),
-    "conv_bias_act": _conv_bias_act,
+    "conv_forward": _conv_forward,
+    "conv_bias_act": _conv_forward,
     "linear_forward": lambda b, s: (_C.linear_forward, (b[s.reads[0]], b[s.reads[1]], b.get(s.args.get("bias")),
                                                         b[s.writes[0]], s.args.get("act", 0))),
     "bias_act_forward": lambda b, s: (_C.bias_act_forward, (
@@ -127,9 +190,7 @@ DISPATCH = {
     "bias_act_backward": lambda b, s: (_C.bias_act_backward, (
         b[s.reads[0]], b[s.reads[1]], b.get(s.args["dx"]), b.get(s.args["dbias"]),
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),
-    "conv_backward": lambda b, s: (_C.conv_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
-                                                      b.get(s.args["dx"]), b[s.args["dw"]], None,
-                                                      s.args["stride"], s.args["padding"])),
+    "conv_backward": _conv_backward,
     "linear_backward": lambda b, s: (_C.linear_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
                                                           b.get(s.args["dx"]), b[s.args["dw"]], None)),
     "max_pool_act_backward": lambda b, s: (_C.max_pool_act_backward, (

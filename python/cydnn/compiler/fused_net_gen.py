@@ -367,11 +367,17 @@ class GeneratedKernels:
             gen.kill("dropped: the network went before the compile ended")
 
     def start(self, cluster):
-        """Generate and compile (in the background) the kernel for ``cluster``, once."""
-        if self.reason is not None or cluster in self._pending or cluster in self.info:
-            return
-        self._pending[cluster] = Generation(self._make_source()(cluster))
-        self.info[cluster] = {"status": "compiling"}
+        """Generate and compile (in the background) the kernel for ``cluster``, once.  Returns whether a kernel
+        for it is compiling or in use."""
+        if self.reason is None and cluster not in self._pending and cluster not in self.info:
+            self._pending[cluster] = Generation(self._make_source()(cluster))
+            self.info[cluster] = {"status": "compiling"}
+        return cluster in self._pending or cluster in self._ready
+
+    def compiling(self, cluster):
+        """Whether ``cluster``'s kernel is still being compiled (its compile not yet adopted or refused)."""
+        gen = self._pending.get(cluster)
+        return gen is not None and not gen.done()
 
     def get(self, cluster):
         kernel = self._ready.get(cluster)

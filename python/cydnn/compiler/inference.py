@@ -282,8 +282,11 @@ class CompiledInference:
         fused = self._fused
         if fused is not None and fused.net is not None:
             with self._lock:
-                for cluster in set(c for c in fused.clusters.values() if c not in (None, "?")):
+                hoped = [c for c, _, _ in fused.hoped.values()]
+                for cluster in set(c for c in fused.clusters.values() if c not in (None, "?")) | set(hoped):
                     fused.net.generated.wait(cluster, timeout)
+                for bucket in list(fused.hoped):          # timed against the plan again now, not in a later call
+                    fused.cluster(bucket)
         return self.info()["fused_net"]["generated"] if fused is not None else None
 
     def info(self):

@@ -22,6 +22,15 @@ _CONV_FWD = "cudnnConvolutionForward"
 #: executor times both on the plan's buffers and keeps the faster (``Step.kernels`` then says which).
 CONV_BIAS_ACT = (_CONV_FWD, "bias_act_forward_kernel")
 CONV_DIRECT = ("direct_conv_kernel",)
+CONV_BACKWARD_FILTER = "cudnnConvolutionBackwardFilter"
+
+
+def conv_igemm_kernel(tile):
+    """The name ``explain`` gives the implicit-GEMM convolution kernel (cpp/conv_igemm.cu) of a tile (rows,
+    channels, threads), which the executor may time faster than cuDNN for a forward or a data gradient."""
+    return f"igemm_conv_kernel<{tile[0]}x{tile[1]}>"
+
+
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
 #: cuBLASLt, one timed algorithm per shape (cpp/linear.cu); a linear layer's bias, and a ReLU after it, are its
 #: epilogue; in backward the weight gradient's product runs on a second stream beside the input gradient's
@@ -199,7 +208,7 @@ def _backward(plan, i, group, x, y, dy, dx):
                      _act_backward_kernels(node.out_shape, has_bias), act=act, slope=slope, dx=dy if act else None,
                      dbias=("d:" + name + ".bias") if has_bias else None)
         if op == "conv2d":
-            kernels = (("cudnnConvolutionBackwardData",) if dx else ()) + ("cudnnConvolutionBackwardFilter",)
+            kernels = (("cudnnConvolutionBackwardData",) if dx else ()) + (CONV_BACKWARD_FILTER,)
             plan.add("conv_backward", f"{name} backward", (x, w, dy), ((dx,) if dx else ()) + ("d:" + w,),
                      kernels, stride=node.attrs["stride"], padding=node.attrs["padding"], dx=dx, dw="d:" + w)
         else:

@@ -1,0 +1,268 @@
+// conv_igemm.cu -- convolutions as implicit GEMMs on the CUDA cores (fp32): the forward with its bias and
+// activation in the epilogue, and the data gradient of a stride-1 convolution.  For the small layers of
+// the zoo's CNNs cuDNN's fp32 kernels reach ~10 % of the GPU's peak (docs/performance.md, session 22);
+// the compiler times these tiles against cuDNN on the plan's own buffers, replayed as a step runs them,
+// and keeps the fastest (python/cydnn/compiler/executor.py).
+//
+// The GEMM: out[m, o] = sum_r A[m, r] B[r, o], m = (image, output pixel), o = output channel, r = (input
+// channel, kernel row, kernel column) -- im2col without the copy:
+//   forward        A[m, r] = x[img, ci, oy*sh - ph + ky, ox*sw - pw + kx] (0 outside),  B[r, o] = w[o, r]
+//   data gradient  the same with x := dy, padding kh-1-ph, and the filters flipped and transposed:
+//                  B[(k, ky, kx), c] = w[k, c, kh-1-ky, kw-1-kx]   (stride 1: dx is then a plain convolution)
+// A block computes a BM x BN tile of out over chunks of 8 reductions, staged in shared memory (double-
+// buffered: the next chunk's global loads are in flight while this one is multiplied); a thread owns TM x TN
+// outputs.  Each reduction index's offsets (into A's image, its kernel row and column, into B) are
+// computed once per block into a table in shared memory, so the loads need no division.
+#include <cstdint>
+
+#include "act_math.cuh"
+#include "common.cuh"
+
+namespace {
+
+using cydnn::activate;
+
+constexpr int kBK = 8;                  // reductions per chunk
+constexpr int kMaxReduction = 2304;     // c * kh * kw: the table's entries (27 KB of shared memory)
+
+struct IgemmArgs {
+    const float *src;          // x (forward) or dy (data gradient): (n, c, h, w)
+    const float *w;            // the filters as the layer holds them, (k, c, kh, kw)
+    const float *bias;         // (cout) or NULL
+    float *y;                  // (n, cout, oh, ow)
+    int c, h, w_;              // src's channels and plane
+    int cout, oh, ow;          // the output's channels and plane
+    int kh, kw, sh, sw, ph, pw;
+    int r, m;                  // reduction length c * kh * kw; rows n * oh * ow
+    int flip;                  // 0: B[r, o] = w[o * r_len + r]; 1: the data gradient's (see above)
+    int act;
+    float slope;
+    int vec;                   // y's planes are whole float4s (oh * ow % 4 == 0, y 16-byte aligned)
+};
+
+template <int BM, int BN, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+igemm_conv_kernel(const IgemmArgs a) {
+    constexpr int kThreadsT = (BM / TM) * (BN / TN);
+    constexpr int kALoads = BM * kBK / kThreadsT, kBLoads = BN * kBK / kThreadsT;
+    static_assert(kThreadsT % BM == 0 && kALoads * kThreadsT == BM * kBK, "A tile loads");
+    static_assert(kThreadsT % kBK == 0 && kBLoads * kThreadsT == BN * kBK, "B tile loads");
+    static_assert(TM == 4 || TM == 8, "TM");
+    static_assert(TN == 4, "TN");
+    __shared__ __align__(16) float As[2][kBK][BM];
+    __shared__ __align__(16) float Bs[2][kBK][BN + 4];    // + 4: the transposing stores hit distinct banks
+    extern __shared__ int table[];                         // a_off[r], kyx[r], b_off[r]
+    int *a_off = table, *kyx = table + a.r, *b_off = table + 2 * a.r;
+
+    const int tid = threadIdx.x;
+    const int khw = a.kh * a.kw, plane = a.h * a.w_;
+    for (int i = tid; i < a.r; i += kThreadsT) {
+        const int ci = i / khw, t = i - ci * khw, ky = t / a.kw, kx = t - ky * a.kw;
+        a_off[i] = ci * plane + ky * a.w_ + kx;
+        kyx[i] = (ky << 16) | kx;
+        // flip: i = (k, t) of dy's channel k; the filter of output channel c is w[k, c, khw - 1 - t]
+        b_off[i] = a.flip ? ci * a.cout * khw + khw - 1 - t : i;
+    }
+    const int b_stride = a.flip ? khw : a.r;               // B[r, o] = w[b_off[r] + o * b_stride]
+
+    // This thread's A row (fixed over the chunks): its image, and the input window's corner.
+    const int m0 = blockIdx.x * BM, o0 = blockIdx.y * BN;
+    const int am = tid % BM, ar0 = tid / BM;
+    constexpr int kARowStep = kThreadsT / BM;
+    const int opix = a.oh * a.ow;
+    int a_base = 0, iy0 = 0, ix0 = 0;
+    const bool a_row = m0 + am < a.m;
+    if (a_row) {
+        const int img = (m0 + am) / opix, p = m0 + am - img * opix, oy = p / a.ow, ox = p - oy * a.ow;
+        iy0 = oy * a.sh - a.ph;
+        ix0 = ox * a.sw - a.pw;
+        a_base = img * a.c * plane + iy0 * a.w_ + ix0;
+    }
+    const int bk = tid % kBK, bo0 = tid / kBK;
+    constexpr int kBColStep = kThreadsT / kBK;
+    __syncthreads();                                       // the table
+
+    float ra[kALoads], rb[kBLoads];
+    auto load = [&](int chunk) {
+        const int r0 = chunk * kBK;
+#pragma unroll
+        for (int j = 0; j < kALoads; ++j) {
+            const int r = r0 + ar0 + j * kARowStep;
+            float v = 0.0f;
+            if (a_row && r < a.r) {
+                const int e = kyx[r], iy = iy0 + (e >> 16), ix = ix0 + (e & 0xffff);
+                if ((unsigned)iy < (unsigned)a.h && (unsigned)ix < (unsigned)a.w_) v = __ldg(a.src + a_base + a_off[r]);
+            }
+            ra[j] = v;
+        }
+        const int r = r0 + bk;
+#pragma unroll
+        for (int j = 0; j < kBLoads; ++j) {
+            const int o = o0 + bo0 + j * kBColStep;
+            rb[j] = r < a.r && o < a.cout ? __ldg(a.w + b_off[r] + (long)o * b_stride) : 0.0f;
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int j = 0; j < kALoads; ++j) As[buf][ar0 + j * kARowStep][am] = ra[j];
+#pragma unroll
+        for (int j = 0; j < kBLoads; ++j) Bs[buf][bk][bo0 + j * kBColStep] = rb[j];
+    };
+
+    // Outputs: thread (tm, tn) owns rows tm*4 .. +4 (and, TM == 8, BM/2 + tm*4 .. +4: each half a float4
+    // that the warp's lanes read side by side) and columns tn*4 .. +4.
+    const int tm = tid % (BM / TM), tn = tid / (BM / TM);
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
+
+    const int chunks = (a.r + kBK - 1) / kBK;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int c = 0; c < chunks; ++c) {
+        const int buf = c & 1;
+        if (c + 1 < chunks) load(c + 1);
+#pragma unroll
+        for (int k = 0; k < kBK; ++k) {
+            float av[TM], bv[TN];
+#pragma unroll
+            for (int h = 0; h < TM / 4; ++h) {
+                const float4 v = *reinterpret_cast<const float4 *>(&As[buf][k][h * (BM / 2) + tm * 4]);
+                av[h * 4 + 0] = v.x;
+                av[h * 4 + 1] = v.y;
+                av[h * 4 + 2] = v.z;
+                av[h * 4 + 3] = v.w;
+            }
+            const float4 v = *reinterpret_cast<const float4 *>(&Bs[buf][k][tn * 4]);
+            bv[0] = v.x;
+            bv[1] = v.y;
+            bv[2] = v.z;
+            bv[3] = v.w;
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (c + 1 < chunks) store(buf ^ 1);
+        __syncthreads();
+    }
+
+    // Epilogue: bias, activation, y[img, o, p]; four rows at once where they are one plane's aligned float4.
+#pragma unroll
+    for (int h = 0; h < TM / 4; ++h) {
+        const int mb = m0 + h * (BM / 2) + tm * 4;
+        if (mb >= a.m) continue;
+        const int img = mb / opix, p = mb - img * opix;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            const int o = o0 + tn * 4 + j;
+            if (o >= a.cout) continue;
+            const float b = a.bias != nullptr ? __ldg(a.bias + o) : 0.0f;
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = activate(acc[h * 4 + i][j] + b, a.act, a.slope);
+            if (a.vec && mb + 3 < a.m) {
+                *reinterpret_cast<float4 *>(a.y + ((long)img * a.cout + o) * opix + p) = make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+                for (int i = 0; i < 4 && mb + i < a.m; ++i) {
+                    const int mi = mb + i, im = mi / opix, pi = mi - im * opix;
+                    a.y[((long)im * a.cout + o) * opix + pi] = v[i];
+                }
+            }
+        }
+    }
+}
+
+struct Tile {
+    int bm, bn;
+    void (*kernel)(const IgemmArgs);
+    int threads;
+};
+
+template <int BM, int BN, int TM, int TN>
+constexpr Tile tile() {
+    return {BM, BN, igemm_conv_kernel<BM, BN, TM, TN>, (BM / TM) * (BN / TN)};
+}
+
+// The tiles the compiler times (cydnn_igemm_conv_tile names them): rows x output channels a block.
+const Tile kTiles[] = {
+    tile<128, 64, 8, 4>(),     // 256 threads, 32 outputs each
+    tile<128, 32, 4, 4>(),     // 256 threads
+    tile<64, 64, 4, 4>(),      // 256 threads
+    tile<64, 32, 4, 4>(),      // 128 threads
+    tile<128, 16, 4, 4>(),     // 128 threads: few output channels
+};
+constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
+
+cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
+    const Tile &t = kTiles[tile];
+    a.vec = (a.oh * a.ow) % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+    const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn));
+    t.kernel<<<grid, t.threads, 3 * a.r * sizeof(int), ctx->stream>>>(a);
+    CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// What every call checks: the geometry, the tile, and that the table (r reductions) and 32-bit offsets hold it.
+cydnnStatus_t check(const char *op, const cydnnConvGeometry *g, int tile, int oh, int ow, long r) {
+    CYDNN_REQUIRE(op, g->n >= 1 && g->c >= 1 && g->h >= 1 && g->w >= 1 && g->k >= 1 && g->kh >= 1 && g->kw >= 1,
+                  "sizes must be >= 1");
+    CYDNN_REQUIRE(op, g->stride_h >= 1 && g->stride_w >= 1 && g->pad_h >= 0 && g->pad_w >= 0,
+                  "stride must be >= 1 and padding >= 0");
+    CYDNN_REQUIRE(op, g->kh < 65536 && g->kw < 65536, "the kernel is %dx%d", g->kh, g->kw);
+    CYDNN_REQUIRE(op, oh >= 1 && ow >= 1, "the kernel does not fit the padded input");
+    CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
+    CYDNN_REQUIRE(op, r <= kMaxReduction, "the reduction (%s) is %ld, more than the %d of the offset table in "
+                  "shared memory", r == (long)g->c * g->kh * g->kw ? "c*kh*kw" : "k*kh*kw", r, kMaxReduction);
+    const long big = (long)g->n * (g->c > g->k ? g->c : g->k) *
+                     ((long)g->h * g->w > (long)oh * ow ? (long)g->h * g->w : (long)oh * ow);
+    CYDNN_REQUIRE(op, big < (1L << 31) - (1L << 20), "the tensors are too large for 32-bit offsets");
+    return CYDNN_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+namespace cydnn {
+
+// dx of a stride-1 convolution by tile `tile` (conv.cu's cydnn_conv_backward_ex, on the context's stream).
+cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy, const float *w,
+                                  float *dx, int tile, const char *op) {
+    CYDNN_REQUIRE(op, g->stride_h == 1 && g->stride_w == 1, "the implicit-GEMM data gradient takes stride 1, "
+                  "got %dx%d", g->stride_h, g->stride_w);
+    const int oh = g->h + 2 * g->pad_h - g->kh + 1, ow = g->w + 2 * g->pad_w - g->kw + 1;
+    CYDNN_TRY(check(op, g, tile, oh, ow, (long)g->k * g->kh * g->kw));
+    IgemmArgs a{dy, w, nullptr, dx, g->k, oh, ow, g->c, g->h, g->w, g->kh, g->kw, 1, 1,
+                g->kh - 1 - g->pad_h, g->kw - 1 - g->pad_w, g->k * g->kh * g->kw, g->n * g->h * g->w, 1, 0, 0.0f, 0};
+    return launch(ctx, a, tile, op);
+}
+
+}  // namespace cydnn
+
+int cydnn_igemm_conv_tile_count(void) { return kTileCount; }
+
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads) {
+    const char *op = "igemm_conv_tile";
+    CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
+    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr, "a pointer is NULL");
+    *rows = kTiles[tile].bm;
+    *channels = kTiles[tile].bn;
+    *threads = kTiles[tile].threads;
+    return CYDNN_STATUS_SUCCESS;
+}
+
+cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                       const float *w, const float *b, float *y, int act, float slope, int tile) {
+    const char *op = "igemm_conv_forward";
+    CYDNN_REQUIRE_CTX(op, ctx);
+    CYDNN_REQUIRE(op, g != nullptr && x != nullptr && w != nullptr && y != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
+    const int oh = g->stride_h >= 1 ? (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1 : 0;
+    const int ow = g->stride_w >= 1 ? (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1 : 0;
+    CYDNN_TRY(check(op, g, tile, oh, ow, (long)g->c * g->kh * g->kw));
+    IgemmArgs a{x, w, b, y, g->c, g->h, g->w, g->k, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
+                g->pad_w, g->c * g->kh * g->kw, g->n * oh * ow, 0, act, slope, 0};
+    return launch(ctx, a, tile, op);
+}

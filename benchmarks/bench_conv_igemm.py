@@ -16,6 +16,7 @@ import numpy as np
 
 from cydnn import _C, ops
 from cydnn.compiler.executor import igemm_tiles, time_replayed
+from cydnn.compiler.lower import conv_igemm_name
 
 #: name -> (c, h, w, k, kernel, stride, padding, needs dx)
 LAYERS = {
@@ -52,7 +53,7 @@ def row(name, batch, c, h, w, k, ks, s, p, dx_needed):
     want = ops.cuda.to_numpy(ref)
     fwd = {"library": library, "direct": lambda: _C.direct_conv_forward(x, wt, b, y, stride, padding, 1)}
     for i, t in igemm_tiles(k):
-        fwd[f"{t[0]}x{t[1]}"] = (lambda tile=i: _C.igemm_conv_forward(x, wt, b, y, stride, padding, 1, 0.0, tile))
+        fwd[conv_igemm_name(t)[5:]] = (lambda tile=i: _C.igemm_conv_forward(x, wt, b, y, stride, padding, 1, 0.0, tile))
     out = []
     for label, fn in fwd.items():
         us = min(time_replayed(fn) for _ in range(3)) * 1e6
@@ -67,7 +68,7 @@ def row(name, batch, c, h, w, k, ks, s, p, dx_needed):
     want = ops.cuda.to_numpy(dx_ref)
     bwd = {"cuDNN": lambda: _C.conv_backward(x, wt, dy, dx, dw, None, stride, padding)}
     for i, t in igemm_tiles(c):
-        bwd[f"{t[0]}x{t[1]}"] = (lambda tile=i: _C.conv_backward(x, wt, dy, dx, dw, None, stride, padding, tile))
+        bwd[conv_igemm_name(t)[5:]] = (lambda tile=i: _C.conv_backward(x, wt, dy, dx, dw, None, stride, padding, tile))
     out = []
     for label, fn in bwd.items():
         us = min(time_replayed(fn) for _ in range(3)) * 1e6
@@ -83,7 +84,7 @@ def main():
     args = ap.parse_args()
     prefixes = [p for p in args.layers.split(",") if p]
     print("us a call replayed in a CUDA graph (best of 3 x 10); (max |difference| from cuDNN's result)")
-    print("tiles:", ", ".join(f"{r}x{c} ({t} threads)" for r, c, t in _C.igemm_conv_tiles()))
+    print("tiles:", ", ".join(f"{r}x{c}{'tc' if tc else ''} ({t} threads)" for r, c, t, tc in _C.igemm_conv_tiles()))
     for batch in (int(v) for v in args.batches.split(",")):
         for name, spec in LAYERS.items():
             if not prefixes or any(name.startswith(p) for p in prefixes):

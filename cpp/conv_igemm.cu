@@ -13,7 +13,10 @@
 // buffered: the next chunk's global loads are in flight while this one is multiplied); a thread owns TM x TN
 // outputs.  Each reduction index's offsets (into A's image, its kernel row and column, into B) are
 // computed once per block into a table in shared memory, so the loads need no division.
+#include <atomic>
 #include <cstdint>
+
+#include <mma.h>
 
 #include "act_math.cuh"
 #include "common.cuh"
@@ -40,51 +43,51 @@ struct IgemmArgs {
     int vec;                   // y's planes are whole float4s (oh * ow % 4 == 0, y 16-byte aligned)
 };
 
-template <int BM, int BN, int TM, int TN>
-__global__ void __launch_bounds__((BM / TM) * (BN / TN))
-igemm_conv_kernel(const IgemmArgs a) {
-    constexpr int kThreadsT = (BM / TM) * (BN / TN);
-    constexpr int kALoads = BM * kBK / kThreadsT, kBLoads = BN * kBK / kThreadsT;
-    static_assert(kThreadsT % BM == 0 && kALoads * kThreadsT == BM * kBK, "A tile loads");
-    static_assert(kThreadsT % kBK == 0 && kBLoads * kThreadsT == BN * kBK, "B tile loads");
-    static_assert(TM == 4 || TM == 8, "TM");
-    static_assert(TN == 4, "TN");
-    __shared__ __align__(16) float As[2][kBK][BM];
-    __shared__ __align__(16) float Bs[2][kBK][BN + 4];    // + 4: the transposing stores hit distinct banks
-    extern __shared__ int table[];                         // a_off[r], kyx[r], b_off[r]
-    int *a_off = table, *kyx = table + a.r, *b_off = table + 2 * a.r;
-
-    const int tid = threadIdx.x;
-    const int khw = a.kh * a.kw, plane = a.h * a.w_;
-    for (int i = tid; i < a.r; i += kThreadsT) {
-        const int ci = i / khw, t = i - ci * khw, ky = t / a.kw, kx = t - ky * a.kw;
-        a_off[i] = ci * plane + ky * a.w_ + kx;
-        kyx[i] = (ky << 16) | kx;
-        // flip: i = (k, t) of dy's channel k; the filter of output channel c is w[k, c, khw - 1 - t]
-        b_off[i] = a.flip ? ci * a.cout * khw + khw - 1 - t : i;
-    }
-    const int b_stride = a.flip ? khw : a.r;               // B[r, o] = w[b_off[r] + o * b_stride]
-
-    // This thread's A row (fixed over the chunks): its image, and the input window's corner.
-    const int m0 = blockIdx.x * BM, o0 = blockIdx.y * BN;
-    const int am = tid % BM, ar0 = tid / BM;
-    constexpr int kARowStep = kThreadsT / BM;
-    const int opix = a.oh * a.ow;
-    int a_base = 0, iy0 = 0, ix0 = 0;
-    const bool a_row = m0 + am < a.m;
-    if (a_row) {
-        const int img = (m0 + am) / opix, p = m0 + am - img * opix, oy = p / a.ow, ox = p - oy * a.ow;
-        iy0 = oy * a.sh - a.ph;
-        ix0 = ox * a.sw - a.pw;
-        a_base = img * a.c * plane + iy0 * a.w_ + ix0;
-    }
-    const int bk = tid % kBK, bo0 = tid / kBK;
-    constexpr int kBColStep = kThreadsT / kBK;
-    __syncthreads();                                       // the table
-
+// The operands' loads, shared by the two kernels: the offset table (built once per block: call before the
+// block's first __syncthreads), this thread's fixed A row, and a chunk of BK reductions fetched into
+// registers (load: global loads in flight while the block multiplies the previous chunk) then stored into
+// shared memory as As[k][m] and Bs[k][o] (row strides lda, ldb floats).
+template <int BM, int BN, int BK, int T>
+struct Loader {
+    static constexpr int kALoads = BM * BK / T, kBLoads = BN * BK / T;
+    static constexpr int kARowStep = T / BM, kBColStep = T / BK;
+    static_assert(T % BM == 0 && kALoads * T == BM * BK, "A tile loads");
+    static_assert(T % BK == 0 && kBLoads * T == BN * BK && kBColStep <= BN, "B tile loads");
+    const IgemmArgs &a;
+    const int *a_off, *kyx, *b_off;
+    int b_stride, am, ar0, bk, bo0, o0, a_base = 0, iy0 = 0, ix0 = 0;
+    bool a_row;
     float ra[kALoads], rb[kBLoads];
-    auto load = [&](int chunk) {
-        const int r0 = chunk * kBK;
+
+    __device__ Loader(const IgemmArgs &args, int *table, int m0, int o0_) : a(args), o0(o0_) {
+        int *ao = table, *kk = table + a.r, *bo = table + 2 * a.r;
+        const int tid = threadIdx.x, khw = a.kh * a.kw, plane = a.h * a.w_;
+        for (int i = tid; i < a.r; i += T) {
+            const int ci = i / khw, t = i - ci * khw, ky = t / a.kw, kx = t - ky * a.kw;
+            ao[i] = ci * plane + ky * a.w_ + kx;
+            kk[i] = (ky << 16) | kx;
+            // flip: i = (k, t) of dy's channel k; the filter of output channel c is w[k, c, khw - 1 - t]
+            bo[i] = a.flip ? ci * a.cout * khw + khw - 1 - t : i;
+        }
+        a_off = ao;
+        kyx = kk;
+        b_off = bo;
+        b_stride = a.flip ? khw : a.r;                     // B[r, o] = w[b_off[r] + o * b_stride]
+        am = tid % BM;
+        ar0 = tid / BM;
+        bk = tid % BK;
+        bo0 = tid / BK;
+        a_row = m0 + am < a.m;
+        if (a_row) {                                       // this thread's A row: its image, its window's corner
+            const int opix = a.oh * a.ow, img = (m0 + am) / opix, p = m0 + am - img * opix, oy = p / a.ow;
+            iy0 = oy * a.sh - a.ph;
+            ix0 = (p - oy * a.ow) * a.sw - a.pw;
+            a_base = img * a.c * plane + iy0 * a.w_ + ix0;
+        }
+    }
+
+    __device__ __forceinline__ void load(int chunk) {
+        const int r0 = chunk * BK;
 #pragma unroll
         for (int j = 0; j < kALoads; ++j) {
             const int r = r0 + ar0 + j * kARowStep;
@@ -101,16 +104,31 @@ igemm_conv_kernel(const IgemmArgs a) {
             const int o = o0 + bo0 + j * kBColStep;
             rb[j] = r < a.r && o < a.cout ? __ldg(a.w + b_off[r] + (long)o * b_stride) : 0.0f;
         }
-    };
-    auto store = [&](int buf) {
-#pragma unroll
-        for (int j = 0; j < kALoads; ++j) As[buf][ar0 + j * kARowStep][am] = ra[j];
-#pragma unroll
-        for (int j = 0; j < kBLoads; ++j) Bs[buf][bk][bo0 + j * kBColStep] = rb[j];
-    };
+    }
 
-    // Outputs: thread (tm, tn) owns rows tm*4 .. +4 (and, TM == 8, BM/2 + tm*4 .. +4: each half a float4
-    // that the warp's lanes read side by side) and columns tn*4 .. +4.
+    __device__ __forceinline__ void store(float *As, int lda, float *Bs, int ldb) const {
+#pragma unroll
+        for (int j = 0; j < kALoads; ++j) As[(ar0 + j * kARowStep) * lda + am] = ra[j];
+#pragma unroll
+        for (int j = 0; j < kBLoads; ++j) Bs[bk * ldb + bo0 + j * kBColStep] = rb[j];
+    }
+};
+
+// The CUDA cores' kernel: thread (tm, tn) owns rows tm*4 .. +4 (and, TM == 8, BM/2 + tm*4 .. +4: each half a
+// float4 that the warp's lanes read side by side) and columns tn*4 .. +4, summed by fmaf.
+template <int BM, int BN, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN))
+igemm_conv_kernel(const IgemmArgs a) {
+    constexpr int kT = (BM / TM) * (BN / TN);
+    static_assert(TM == 4 || TM == 8, "TM");
+    static_assert(TN == 4, "TN");
+    __shared__ __align__(16) float As[2][kBK][BM];
+    __shared__ __align__(16) float Bs[2][kBK][BN + 4];    // + 4: the transposing stores hit distinct banks
+    extern __shared__ int table[];                         // a_off[r], kyx[r], b_off[r]
+    const int m0 = blockIdx.x * BM, o0 = blockIdx.y * BN, tid = threadIdx.x;
+    Loader<BM, BN, kBK, kT> ld(a, table, m0, o0);
+    __syncthreads();                                       // the table
+
     const int tm = tid % (BM / TM), tn = tid / (BM / TM);
     float acc[TM][TN];
 #pragma unroll
@@ -119,12 +137,12 @@ igemm_conv_kernel(const IgemmArgs a) {
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
     const int chunks = (a.r + kBK - 1) / kBK;
-    load(0);
-    store(0);
+    ld.load(0);
+    ld.store(&As[0][0][0], BM, &Bs[0][0][0], BN + 4);
     __syncthreads();
     for (int c = 0; c < chunks; ++c) {
         const int buf = c & 1;
-        if (c + 1 < chunks) load(c + 1);
+        if (c + 1 < chunks) ld.load(c + 1);
 #pragma unroll
         for (int k = 0; k < kBK; ++k) {
             float av[TM], bv[TN];
@@ -146,11 +164,12 @@ igemm_conv_kernel(const IgemmArgs a) {
 #pragma unroll
                 for (int j = 0; j < TN; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
-        if (c + 1 < chunks) store(buf ^ 1);
+        if (c + 1 < chunks) ld.store(&As[buf ^ 1][0][0], BM, &Bs[buf ^ 1][0][0], BN + 4);
         __syncthreads();
     }
 
     // Epilogue: bias, activation, y[img, o, p]; four rows at once where they are one plane's aligned float4.
+    const int opix = a.oh * a.ow;
 #pragma unroll
     for (int h = 0; h < TM / 4; ++h) {
         const int mb = m0 + h * (BM / 2) + tm * 4;
@@ -176,33 +195,155 @@ igemm_conv_kernel(const IgemmArgs a) {
     }
 }
 
+// The tensor cores' kernel, float32 accuracy by 3xTF32: each operand x is split into big = tf32(x) and
+// small = tf32(x - big), and a*b is summed as a_big*b_small + a_small*b_big + a_big*b_big (a_small*b_small,
+// ~2^-22 of the product, is dropped) in float32 accumulators -- the products of the CUDA cores' kernel to
+// ~2^-21, which the tests hold to the same bounds against float64.  A warp computes WM x WN of the block's
+// BM x BN tile as 16 x 16 fragments over chunks of 16 reductions (two k-steps of 8).
+template <int BM, int BN, int WM, int WN>
+__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
+igemm_conv_tc_kernel(const IgemmArgs a) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    namespace wm = nvcuda::wmma;
+    constexpr int kT = (BM / WM) * (BN / WN) * 32, BK = 16, FM = WM / 16, FN = WN / 16;
+    constexpr int kLda = BM + 4, kLdb = BN + 4;            // rows of 32 bytes x k: fragments start 32-byte aligned
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "fragments");
+    static_assert((kT / 32) * 256 <= 2 * BK * kLda, "the epilogue's staging fits in As");
+    __shared__ __align__(32) float As[2][BK][kLda];
+    __shared__ __align__(32) float Bs[2][BK][kLdb];
+    extern __shared__ int table[];
+    const int m0 = blockIdx.x * BM, o0 = blockIdx.y * BN, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    Loader<BM, BN, BK, kT> ld(a, table, m0, o0);
+    __syncthreads();
+
+    const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+    wm::fragment<wm::accumulator, 16, 16, 8, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wm::fill_fragment(acc[i][j], 0.0f);
+
+    const int chunks = (a.r + BK - 1) / BK;
+    ld.load(0);
+    ld.store(&As[0][0][0], kLda, &Bs[0][0][0], kLdb);
+    __syncthreads();
+    for (int c = 0; c < chunks; ++c) {
+        const int buf = c & 1;
+        if (c + 1 < chunks) ld.load(c + 1);
+#pragma unroll
+        for (int k = 0; k < BK; k += 8) {
+            wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::col_major> ab[FM], as[FM];
+            wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::row_major> bb[FN], bs[FN];
+#pragma unroll
+            for (int i = 0; i < FM; ++i) {
+                wm::load_matrix_sync(ab[i], &As[buf][k][wm0 + i * 16], kLda);
+#pragma unroll
+                for (int e = 0; e < ab[i].num_elements; ++e) {
+                    const float v = ab[i].x[e], big = wm::__float_to_tf32(v);
+                    ab[i].x[e] = big;
+                    as[i].x[e] = wm::__float_to_tf32(v - big);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < FN; ++j) {
+                wm::load_matrix_sync(bb[j], &Bs[buf][k][wn0 + j * 16], kLdb);
+#pragma unroll
+                for (int e = 0; e < bb[j].num_elements; ++e) {
+                    const float v = bb[j].x[e], big = wm::__float_to_tf32(v);
+                    bb[j].x[e] = big;
+                    bs[j].x[e] = wm::__float_to_tf32(v - big);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) {
+                    wm::mma_sync(acc[i][j], ab[i], bs[j], acc[i][j]);
+                    wm::mma_sync(acc[i][j], as[i], bb[j], acc[i][j]);
+                    wm::mma_sync(acc[i][j], ab[i], bb[j], acc[i][j]);
+                }
+        }
+        if (c + 1 < chunks) ld.store(&As[buf ^ 1][0][0], kLda, &Bs[buf ^ 1][0][0], kLdb);
+        __syncthreads();
+    }
+
+    // Epilogue: each fragment through the warp's 16 x 16 staging square in As (free now), column-major, so that
+    // a lane keeps one row m (one division) and the warp writes 16 consecutive pixels of two channels a store.
+    float *stage = &As[0][0][0] + warp * 256;
+    const int mi = lane & 15, opix = a.oh * a.ow;
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) {
+            wm::store_matrix_sync(stage, acc[i][j], 16, wm::mem_col_major);
+            __syncwarp();
+            const int m = m0 + wm0 + i * 16 + mi;
+            if (m < a.m) {
+                const int img = m / opix, p = m - img * opix;
+#pragma unroll
+                for (int n = lane >> 4; n < 16; n += 2) {
+                    const int o = o0 + wn0 + j * 16 + n;
+                    if (o < a.cout) {
+                        const float b = a.bias != nullptr ? __ldg(a.bias + o) : 0.0f;
+                        a.y[((long)img * a.cout + o) * opix + p] = activate(stage[n * 16 + mi] + b, a.act, a.slope);
+                    }
+                }
+            }
+            __syncwarp();
+        }
+#endif
+}
+
 struct Tile {
     int bm, bn;
     void (*kernel)(const IgemmArgs);
     int threads;
+    int tensor_cores;          // 1: igemm_conv_tc_kernel (3xTF32), 0: igemm_conv_kernel (fmaf)
 };
 
 template <int BM, int BN, int TM, int TN>
 constexpr Tile tile() {
-    return {BM, BN, igemm_conv_kernel<BM, BN, TM, TN>, (BM / TM) * (BN / TN)};
+    return {BM, BN, igemm_conv_kernel<BM, BN, TM, TN>, (BM / TM) * (BN / TN), 0};
+}
+
+template <int BM, int BN, int WM, int WN>
+constexpr Tile tc_tile() {
+    return {BM, BN, igemm_conv_tc_kernel<BM, BN, WM, WN>, (BM / WM) * (BN / WN) * 32, 1};
 }
 
 // The tiles the compiler times (cydnn_igemm_conv_tile names them): rows x output channels a block.
 const Tile kTiles[] = {
-    tile<128, 64, 8, 4>(),     // 256 threads, 32 outputs each
+    tile<128, 64, 8, 4>(),     // CUDA cores: 256 threads, 32 outputs each
     tile<128, 32, 4, 4>(),     // 256 threads
     tile<64, 64, 4, 4>(),      // 256 threads
     tile<64, 32, 4, 4>(),      // 128 threads
     tile<128, 16, 4, 4>(),     // 128 threads: few output channels
+    tc_tile<128, 64, 32, 32>(),    // tensor cores (3xTF32): 8 warps
+    tc_tile<128, 32, 32, 16>(),    // 8 warps
+    tc_tile<64, 64, 32, 32>(),     // 4 warps
+    tc_tile<64, 32, 32, 16>(),     // 4 warps
+    tc_tile<32, 32, 16, 16>(),     // 4 warps: few rows (small batches)
+    tc_tile<128, 16, 32, 16>(),    // 4 warps: few output channels
 };
 constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
 
+// Once per tile (racing threads set the same value): dynamic shared memory for the largest table, beyond the
+// 48 KB a launch gets without asking once the tensor-core tiles' static buffers are added.
+std::atomic<bool> g_prepared[kTileCount];
+
 cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
     const Tile &t = kTiles[tile];
+    if (!g_prepared[tile].load(std::memory_order_acquire)) {
+        CYDNN_CUDA(op, cudaFuncSetAttribute(reinterpret_cast<const void *>(t.kernel),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            3 * kMaxReduction * (int)sizeof(int)));
+        g_prepared[tile].store(true, std::memory_order_release);
+    }
     a.vec = (a.oh * a.ow) % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn));
     t.kernel<<<grid, t.threads, 3 * a.r * sizeof(int), ctx->stream>>>(a);
-    CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
+    if (t.tensor_cores) CYDNN_LAUNCH_CHECK(op, "igemm_conv_tc_kernel");
+    else CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -243,13 +384,15 @@ cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g,
 
 int cydnn_igemm_conv_tile_count(void) { return kTileCount; }
 
-cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads) {
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *tensor_cores) {
     const char *op = "igemm_conv_tile";
     CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
-    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr && tensor_cores != nullptr,
+                  "a pointer is NULL");
     *rows = kTiles[tile].bm;
     *channels = kTiles[tile].bn;
     *threads = kTiles[tile].threads;
+    *tensor_cores = kTiles[tile].tensor_cores;
     return CYDNN_STATUS_SUCCESS;
 }
 

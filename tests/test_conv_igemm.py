@@ -71,9 +71,9 @@ def _tiles():
 def test_the_tiles_are_named_without_a_gpu():
     """The tile table is host data: rows and channels a block, its threads (every tile divides its work evenly)."""
     tiles = _C.igemm_conv_tiles()
-    assert len(tiles) >= 3
-    for rows, channels, threads in tiles:
-        assert rows % 4 == 0 and channels % 4 == 0 and threads % 32 == 0 and rows * 8 % threads == 0
+    assert len(tiles) >= 3 and {tc for *_, tc in tiles} == {0, 1}
+    for rows, channels, threads, tc in tiles:
+        assert rows % 16 == 0 and channels % 16 == 0 and threads % 32 == 0 and rows * 8 % threads == 0
 
 
 @gpu
@@ -99,7 +99,8 @@ def test_every_tile_computes_the_forward_with_bias_and_activation(shape):
                          ids=lambda s: "x".join(map(str, s[:7])) + f"p{s[8][0]}{s[8][1]}")
 def test_every_tile_computes_the_data_gradient_beside_cudnns_filter_gradient(shape):
     """conv_backward with dx by a tile: dx against float64 numpy and cuDNN's dx; dw (cuDNN's, on the second
-    stream) the same bits as in the call where cuDNN computes dx."""
+    stream) as in the call where cuDNN computes dx (not bit for bit: cuDNN's filter gradient may add with
+    atomics, and two calls of it differed in the last bits on the H100)."""
     x, w, _, stride, padding = _data(shape)
     y_shape = _conv64(x, w, stride, padding).shape
     dy = np.random.default_rng(1).standard_normal(y_shape).astype(np.float32)
@@ -113,7 +114,8 @@ def test_every_tile_computes_the_data_gradient_beside_cudnns_filter_gradient(sha
         dx, dw = ops.cuda.empty(x.shape), ops.cuda.empty(w.shape)
         _C.conv_backward(gx, gw, gdy, dx, dw, None, stride, padding, tile)
         np.testing.assert_allclose(ops.cuda.to_numpy(dx), ref, rtol=0, atol=2e-6 * scale, err_msg=f"tile {tile}")
-        np.testing.assert_array_equal(ops.cuda.to_numpy(dw), ops.cuda.to_numpy(dw0))
+        want = ops.cuda.to_numpy(dw0)
+        np.testing.assert_allclose(ops.cuda.to_numpy(dw), want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 @gpu
@@ -157,8 +159,8 @@ def test_the_compiled_inference_on_the_implicit_gemm_gives_the_reference(monkeyp
     infer = cydnn.compile(model, input_shape=(3, 32, 32), fused_net="off")
     np.testing.assert_allclose(infer(x), want, rtol=1e-4, atol=1e-5)
     kernels = [k for step in infer._runners[n].plan.steps if step.kind == "conv_bias_act" for k in step.kernels]
-    assert len(kernels) == 3 and all(k.startswith("igemm_conv_kernel<") for k in kernels), kernels
-    assert "igemm_conv_kernel<" in infer.explain(n)
+    assert len(kernels) == 3 and all(k.startswith("igemm_conv_") for k in kernels), kernels
+    assert "igemm_conv_" in infer.explain(n)
 
 
 @gpu
@@ -181,5 +183,5 @@ def test_a_training_step_on_the_implicit_gemm_gives_the_reference_gradients(monk
     text = step.explain()
     backward = [line for line in text.splitlines() if " conv_backward " in line]
     assert len(backward) == 3
-    assert sum("igemm_conv_kernel<" in line for line in backward) == 1, backward     # conv2 only (conv1: no dx)
-    assert sum("igemm_conv_kernel<" in line for line in text.splitlines() if " conv_bias_act " in line) == 3
+    assert sum("igemm_conv_" in line for line in backward) == 1, backward     # conv2 only (conv1: no dx)
+    assert sum("igemm_conv_" in line for line in text.splitlines() if " conv_bias_act " in line) == 3

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _C
 from ..errors import CydnnError
 from .ir import ARENA_ROLES
-from .lower import CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_FILTER, conv_igemm_kernel
+from .lower import CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_FILTER, conv_igemm_kernel, conv_igemm_name
 
 __all__ = ["Bound", "DISPATCH"]
 
@@ -84,7 +84,7 @@ def time_replayed(fn, calls=TUNE_CALLS):
 
 def igemm_tiles(out_channels):
     """The implicit-GEMM convolution's tiles worth timing for a layer of ``out_channels`` output channels:
-    (index, (rows, channels, threads)) of those whose channels are not more than twice as many (beyond, most
+    (index, (rows, channels, threads, tensor cores)) of those whose channels are not more than twice as many (beyond, most
     of a block's work would be padding) -- the narrowest is always kept."""
     tiles = list(enumerate(_C.igemm_conv_tiles()))
     narrowest = min(t[1] for _, t in tiles)
@@ -140,7 +140,7 @@ def _conv_forward(b, s):
     if epilogue:
         candidates["direct"], kernels["direct"] = direct, CONV_DIRECT
     for i, t in igemm_tiles(c):
-        name = f"igemm{t[0]}x{t[1]}"
+        name = conv_igemm_name(t)
         candidates[name], kernels[name] = igemm(i), (conv_igemm_kernel(t),)
     chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
     if len(timed) > 1:
@@ -161,7 +161,7 @@ def _conv_backward(b, s):
     candidates = {"library": lambda: _C.conv_backward(*args)}
     tiles = {"library": (-1, None)}
     for i, t in igemm_tiles(x.shape[1]):
-        name = f"igemm{t[0]}x{t[1]}"
+        name = conv_igemm_name(t)
         candidates[name], tiles[name] = (lambda tile=i: _C.conv_backward(*args, tile)), (i, t)
     chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
     if len(timed) > 1:

@@ -9,14 +9,12 @@
 //   forward        A[m, r] = x[img, ci, oy*sh - ph + ky, ox*sw - pw + kx] (0 outside),  B[r, o] = w[o, r]
 //   data gradient  the same with x := dy, padding kh-1-ph, and the filters flipped and transposed:
 //                  B[(k, ky, kx), c] = w[k, c, kh-1-ky, kw-1-kx]   (stride 1: dx is then a plain convolution)
-// A block computes a BM x BN tile of out over chunks of 8 reductions, staged in shared memory (double-
+// A block computes a BM x BN tile of out over chunks of BK (8 or 16) reductions, staged in shared memory (double-
 // buffered: the next chunk's global loads are in flight while this one is multiplied); a thread owns TM x TN
 // outputs.  Each reduction index's offsets (into A's image, its kernel row and column, into B) are
 // computed once per block into a table in shared memory, so the loads need no division.
 #include <atomic>
 #include <cstdint>
-
-#include <mma.h>
 
 #include "act_math.cuh"
 #include "common.cuh"
@@ -25,7 +23,6 @@ namespace {
 
 using cydnn::activate;
 
-constexpr int kBK = 8;                  // reductions per chunk
 constexpr int kMaxReduction = 2304;     // c * kh * kw: the table's entries (27 KB of shared memory)
 
 struct IgemmArgs {
@@ -116,7 +113,7 @@ struct Loader {
 
 // The CUDA cores' kernel: thread (tm, tn) owns rows tm*4 .. +4 (and, TM == 8, BM/2 + tm*4 .. +4: each half a
 // float4 that the warp's lanes read side by side) and columns tn*4 .. +4, summed by fmaf.
-template <int BM, int BN, int TM, int TN>
+template <int BM, int BN, int TM, int TN, int kBK>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 igemm_conv_kernel(const IgemmArgs a) {
     constexpr int kT = (BM / TM) * (BN / TN);
@@ -195,140 +192,31 @@ igemm_conv_kernel(const IgemmArgs a) {
     }
 }
 
-// The tensor cores' kernel, float32 accuracy by 3xTF32: each operand x is split into big = tf32(x) and
-// small = tf32(x - big), and a*b is summed as a_big*b_small + a_small*b_big + a_big*b_big (a_small*b_small,
-// ~2^-22 of the product, is dropped) in float32 accumulators -- the products of the CUDA cores' kernel to
-// ~2^-21, which the tests hold to the same bounds against float64.  A warp computes WM x WN of the block's
-// BM x BN tile as 16 x 16 fragments over chunks of 16 reductions (two k-steps of 8).
-template <int BM, int BN, int WM, int WN>
-__global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)
-igemm_conv_tc_kernel(const IgemmArgs a) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-    namespace wm = nvcuda::wmma;
-    constexpr int kT = (BM / WM) * (BN / WN) * 32, BK = 16, FM = WM / 16, FN = WN / 16;
-    constexpr int kLda = BM + 4, kLdb = BN + 4;            // rows of 32 bytes x k: fragments start 32-byte aligned
-    static_assert(WM % 16 == 0 && WN % 16 == 0, "fragments");
-    static_assert((kT / 32) * 256 <= 2 * BK * kLda, "the epilogue's staging fits in As");
-    __shared__ __align__(32) float As[2][BK][kLda];
-    __shared__ __align__(32) float Bs[2][BK][kLdb];
-    extern __shared__ int table[];
-    const int m0 = blockIdx.x * BM, o0 = blockIdx.y * BN, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    Loader<BM, BN, BK, kT> ld(a, table, m0, o0);
-    __syncthreads();
-
-    const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
-    wm::fragment<wm::accumulator, 16, 16, 8, float> acc[FM][FN];
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wm::fill_fragment(acc[i][j], 0.0f);
-
-    const int chunks = (a.r + BK - 1) / BK;
-    ld.load(0);
-    ld.store(&As[0][0][0], kLda, &Bs[0][0][0], kLdb);
-    __syncthreads();
-    for (int c = 0; c < chunks; ++c) {
-        const int buf = c & 1;
-        if (c + 1 < chunks) ld.load(c + 1);
-#pragma unroll
-        for (int k = 0; k < BK; k += 8) {
-            wm::fragment<wm::matrix_a, 16, 16, 8, wm::precision::tf32, wm::col_major> ab[FM], as[FM];
-            wm::fragment<wm::matrix_b, 16, 16, 8, wm::precision::tf32, wm::row_major> bb[FN], bs[FN];
-#pragma unroll
-            for (int i = 0; i < FM; ++i) {
-                wm::load_matrix_sync(ab[i], &As[buf][k][wm0 + i * 16], kLda);
-#pragma unroll
-                for (int e = 0; e < ab[i].num_elements; ++e) {
-                    const float v = ab[i].x[e], big = wm::__float_to_tf32(v);
-                    ab[i].x[e] = big;
-                    as[i].x[e] = wm::__float_to_tf32(v - big);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < FN; ++j) {
-                wm::load_matrix_sync(bb[j], &Bs[buf][k][wn0 + j * 16], kLdb);
-#pragma unroll
-                for (int e = 0; e < bb[j].num_elements; ++e) {
-                    const float v = bb[j].x[e], big = wm::__float_to_tf32(v);
-                    bb[j].x[e] = big;
-                    bs[j].x[e] = wm::__float_to_tf32(v - big);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < FM; ++i)
-#pragma unroll
-                for (int j = 0; j < FN; ++j) {
-                    wm::mma_sync(acc[i][j], ab[i], bs[j], acc[i][j]);
-                    wm::mma_sync(acc[i][j], as[i], bb[j], acc[i][j]);
-                    wm::mma_sync(acc[i][j], ab[i], bb[j], acc[i][j]);
-                }
-        }
-        if (c + 1 < chunks) ld.store(&As[buf ^ 1][0][0], kLda, &Bs[buf ^ 1][0][0], kLdb);
-        __syncthreads();
-    }
-
-    // Epilogue: each fragment through the warp's 16 x 16 staging square in As (free now), column-major, so that
-    // a lane keeps one row m (one division) and the warp writes 16 consecutive pixels of two channels a store.
-    float *stage = &As[0][0][0] + warp * 256;
-    const int mi = lane & 15, opix = a.oh * a.ow;
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) {
-            wm::store_matrix_sync(stage, acc[i][j], 16, wm::mem_col_major);
-            __syncwarp();
-            const int m = m0 + wm0 + i * 16 + mi;
-            if (m < a.m) {
-                const int img = m / opix, p = m - img * opix;
-#pragma unroll
-                for (int n = lane >> 4; n < 16; n += 2) {
-                    const int o = o0 + wn0 + j * 16 + n;
-                    if (o < a.cout) {
-                        const float b = a.bias != nullptr ? __ldg(a.bias + o) : 0.0f;
-                        a.y[((long)img * a.cout + o) * opix + p] = activate(stage[n * 16 + mi] + b, a.act, a.slope);
-                    }
-                }
-            }
-            __syncwarp();
-        }
-#endif
-}
-
 struct Tile {
-    int bm, bn;
+    int bm, bn, bk;
     void (*kernel)(const IgemmArgs);
     int threads;
-    int tensor_cores;          // 1: igemm_conv_tc_kernel (3xTF32), 0: igemm_conv_kernel (fmaf)
 };
 
-template <int BM, int BN, int TM, int TN>
+template <int BM, int BN, int TM, int TN, int BK>
 constexpr Tile tile() {
-    return {BM, BN, igemm_conv_kernel<BM, BN, TM, TN>, (BM / TM) * (BN / TN), 0};
-}
-
-template <int BM, int BN, int WM, int WN>
-constexpr Tile tc_tile() {
-    return {BM, BN, igemm_conv_tc_kernel<BM, BN, WM, WN>, (BM / WM) * (BN / WN) * 32, 1};
+    return {BM, BN, BK, igemm_conv_kernel<BM, BN, TM, TN, BK>, (BM / TM) * (BN / TN)};
 }
 
 // The tiles the compiler times (cydnn_igemm_conv_tile names them): rows x output channels a block.
 const Tile kTiles[] = {
-    tile<128, 64, 8, 4>(),     // CUDA cores: 256 threads, 32 outputs each
-    tile<128, 32, 4, 4>(),     // 256 threads
-    tile<64, 64, 4, 4>(),      // 256 threads
-    tile<64, 32, 4, 4>(),      // 128 threads
-    tile<128, 16, 4, 4>(),     // 128 threads: few output channels
-    tc_tile<128, 64, 32, 32>(),    // tensor cores (3xTF32): 8 warps
-    tc_tile<128, 32, 32, 16>(),    // 8 warps
-    tc_tile<64, 64, 32, 32>(),     // 4 warps
-    tc_tile<64, 32, 32, 16>(),     // 4 warps
-    tc_tile<32, 32, 16, 16>(),     // 4 warps: few rows (small batches)
-    tc_tile<128, 16, 32, 16>(),    // 4 warps: few output channels
+    tile<128, 32, 4, 4, 8>(),      // 256 threads; chunks of 8 reductions (few input channels)
+    tile<64, 32, 4, 4, 8>(),       // 128 threads
+    tile<128, 16, 4, 4, 8>(),      // 128 threads: few output channels
+    tile<128, 64, 8, 4, 16>(),     // 256 threads, 32 outputs each; chunks of 16 (more in flight a sync)
+    tile<64, 64, 4, 4, 16>(),      // 256 threads
+    tile<128, 32, 4, 4, 16>(),     // 256 threads
+    tile<64, 32, 4, 4, 16>(),      // 128 threads
 };
 constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
 
-// Once per tile (racing threads set the same value): dynamic shared memory for the largest table, beyond the
-// 48 KB a launch gets without asking once the tensor-core tiles' static buffers are added.
+// Once per tile (racing threads set the same value): dynamic shared memory for the largest table (27 KB; with
+// the static buffers under the 48 KB a launch gets without asking today, but a larger tile would pass it).
 std::atomic<bool> g_prepared[kTileCount];
 
 cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
@@ -342,8 +230,7 @@ cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
     a.vec = (a.oh * a.ow) % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn));
     t.kernel<<<grid, t.threads, 3 * a.r * sizeof(int), ctx->stream>>>(a);
-    if (t.tensor_cores) CYDNN_LAUNCH_CHECK(op, "igemm_conv_tc_kernel");
-    else CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
+    CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -384,15 +271,13 @@ cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g,
 
 int cydnn_igemm_conv_tile_count(void) { return kTileCount; }
 
-cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *tensor_cores) {
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads) {
     const char *op = "igemm_conv_tile";
     CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
-    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr && tensor_cores != nullptr,
-                  "a pointer is NULL");
+    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr, "a pointer is NULL");
     *rows = kTiles[tile].bm;
     *channels = kTiles[tile].bn;
     *threads = kTiles[tile].threads;
-    *tensor_cores = kTiles[tile].tensor_cores;
     return CYDNN_STATUS_SUCCESS;
 }
 

@@ -546,12 +546,12 @@ cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, con
 cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                         const float *w, const float *b, float *y, int act, float slope);
 
-/* Convolution, bias (may be NULL) and activation as an implicit GEMM (conv_igemm.cu), on the CUDA cores or on
- * the tensor cores with float32 accuracy (3xTF32; *tensor_cores = 1): a block computes `rows` output pixels x
- * `channels` output channels (tile 0 .. count - 1, named by cydnn_igemm_conv_tile).  For c*kh*kw (forward) and
- * k*kh*kw (data gradient) up to 2304; the compiler times the tiles against cuDNN. */
+/* Convolution, bias (may be NULL) and activation as an implicit GEMM on the CUDA cores (conv_igemm.cu): a
+ * block computes `rows` output pixels x `channels` output channels (tile 0 .. count - 1, named by
+ * cydnn_igemm_conv_tile).  For c*kh*kw (forward) and k*kh*kw (data gradient) up to 2304; the compiler times
+ * the tiles against cuDNN. */
 int cydnn_igemm_conv_tile_count(void);
-cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *tensor_cores);
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads);
 cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                        const float *w, const float *b, float *y, int act, float slope, int tile);
 

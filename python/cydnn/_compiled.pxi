@@ -177,13 +177,12 @@ def direct_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceAr
 
 
 def igemm_conv_tiles():
-    """The implicit-GEMM convolution's tiles: a list of (output pixels, output channels, threads, tensor cores)
-    a block (tensor cores: 1 for the 3xTF32 kernel, 0 for the CUDA cores')."""
-    cdef int rows = 0, channels = 0, threads = 0, tensor_cores = 0
+    """The implicit-GEMM convolution's tiles: a list of (output pixels, output channels, threads) a block."""
+    cdef int rows = 0, channels = 0, threads = 0
     tiles = []
     for t in range(cydnn_igemm_conv_tile_count()):
-        check(cydnn_igemm_conv_tile(t, &rows, &channels, &threads, &tensor_cores), "igemm_conv_tiles")
-        tiles.append((rows, channels, threads, tensor_cores))
+        check(cydnn_igemm_conv_tile(t, &rows, &channels, &threads), "igemm_conv_tiles")
+        tiles.append((rows, channels, threads))
     return tiles
 
 

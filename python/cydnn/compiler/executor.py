@@ -84,7 +84,7 @@ def time_replayed(fn, calls=TUNE_CALLS):
 
 def igemm_tiles(out_channels):
     """The implicit-GEMM convolution's tiles worth timing for a layer of ``out_channels`` output channels:
-    (index, (rows, channels, threads, tensor cores)) of those whose channels are not more than twice as many (beyond, most
+    (index, (rows, channels, threads)) of those whose channels are not more than twice as many (beyond, most
     of a block's work would be padding) -- the narrowest is always kept."""
     tiles = list(enumerate(_C.igemm_conv_tiles()))
     narrowest = min(t[1] for _, t in tiles)

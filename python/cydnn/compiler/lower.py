@@ -27,14 +27,13 @@ CONV_BACKWARD_FILTER = "cudnnConvolutionBackwardFilter"
 
 def conv_igemm_kernel(tile):
     """The name ``explain`` gives the implicit-GEMM convolution kernel (cpp/conv_igemm.cu) of a tile (rows,
-    channels, threads, tensor cores), which the executor may time faster than cuDNN for a forward or a data
-    gradient."""
-    return f"igemm_conv_{'tc_' if tile[3] else ''}kernel<{tile[0]}x{tile[1]}>"
+    channels, threads), which the executor may time faster than cuDNN for a forward or a data gradient."""
+    return f"igemm_conv_kernel<{tile[0]}x{tile[1]}>"
 
 
 def conv_igemm_name(tile):
-    """A tile's short name in the executor's timings: igemm128x64 (CUDA cores), igemm128x64tc (tensor cores)."""
-    return f"igemm{tile[0]}x{tile[1]}{'tc' if tile[3] else ''}"
+    """A tile's short name in the executor's timings: igemm128x64."""
+    return f"igemm{tile[0]}x{tile[1]}"
 
 
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)

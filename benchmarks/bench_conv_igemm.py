@@ -84,7 +84,7 @@ def main():
     args = ap.parse_args()
     prefixes = [p for p in args.layers.split(",") if p]
     print("us a call replayed in a CUDA graph (best of 3 x 10); (max |difference| from cuDNN's result)")
-    print("tiles:", ", ".join(f"{r}x{c} ({t} threads)" for r, c, t in _C.igemm_conv_tiles()))
+    print("tiles:", ", ".join(f"{conv_igemm_name(t)[5:]} ({t[2]} threads)" for t in _C.igemm_conv_tiles()))
     for batch in (int(v) for v in args.batches.split(",")):
         for name, spec in LAYERS.items():
             if not prefixes or any(name.startswith(p) for p in prefixes):

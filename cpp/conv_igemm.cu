@@ -38,6 +38,8 @@ struct IgemmArgs {
     int act;
     float slope;
     int vec;                   // y's planes are whole float4s (oh * ow % 4 == 0, y 16-byte aligned)
+    int per_split;             // chunks a block sums: all of them, or (split reduction) a share of them
+    float *partial;            // split reduction: blockIdx.z's raw sums, y's layout, at partial + z * y's size
 };
 
 // The operands' loads, shared by the two kernels: the offset table (built once per block: call before the
@@ -133,13 +135,16 @@ igemm_conv_kernel(const IgemmArgs a) {
 #pragma unroll
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
-    const int chunks = (a.r + kBK - 1) / kBK;
-    ld.load(0);
+    // This block's chunks [c0, c1): all of them, or blockIdx.z's share where the reduction is split.
+    const int all = (a.r + kBK - 1) / kBK, c0 = blockIdx.z * a.per_split;
+    const int c1 = c0 + a.per_split < all ? c0 + a.per_split : all;
+    const int chunks = c1 - c0;
+    ld.load(c0);
     ld.store(&As[0][0][0], BM, &Bs[0][0][0], BN + 4);
     __syncthreads();
     for (int c = 0; c < chunks; ++c) {
         const int buf = c & 1;
-        if (c + 1 < chunks) ld.load(c + 1);
+        if (c + 1 < chunks) ld.load(c0 + c + 1);
 #pragma unroll
         for (int k = 0; k < kBK; ++k) {
             float av[TM], bv[TN];
@@ -165,8 +170,11 @@ igemm_conv_kernel(const IgemmArgs a) {
         __syncthreads();
     }
 
-    // Epilogue: bias, activation, y[img, o, p]; four rows at once where they are one plane's aligned float4.
+    // Epilogue: bias, activation, y[img, o, p]; four rows at once where they are one plane's aligned float4.  A
+    // split reduction writes its raw sums to its slice of the partial buffer instead (igemm_split_sum adds them).
     const int opix = a.oh * a.ow;
+    const bool split = a.partial != nullptr;
+    float *out = split ? a.partial + (long)blockIdx.z * a.m * a.cout : a.y;
 #pragma unroll
     for (int h = 0; h < TM / 4; ++h) {
         const int mb = m0 + h * (BM / 2) + tm * 4;
@@ -176,19 +184,31 @@ igemm_conv_kernel(const IgemmArgs a) {
         for (int j = 0; j < TN; ++j) {
             const int o = o0 + tn * 4 + j;
             if (o >= a.cout) continue;
-            const float b = a.bias != nullptr ? __ldg(a.bias + o) : 0.0f;
+            const float b = !split && a.bias != nullptr ? __ldg(a.bias + o) : 0.0f;
             float v[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = activate(acc[h * 4 + i][j] + b, a.act, a.slope);
+            for (int i = 0; i < 4; ++i) v[i] = split ? acc[h * 4 + i][j] : activate(acc[h * 4 + i][j] + b, a.act, a.slope);
             if (a.vec && mb + 3 < a.m) {
-                *reinterpret_cast<float4 *>(a.y + ((long)img * a.cout + o) * opix + p) = make_float4(v[0], v[1], v[2], v[3]);
+                *reinterpret_cast<float4 *>(out + ((long)img * a.cout + o) * opix + p) = make_float4(v[0], v[1], v[2], v[3]);
             } else {
                 for (int i = 0; i < 4 && mb + i < a.m; ++i) {
                     const int mi = mb + i, im = mi / opix, pi = mi - im * opix;
-                    a.y[((long)im * a.cout + o) * opix + pi] = v[i];
+                    out[((long)im * a.cout + o) * opix + pi] = v[i];
                 }
             }
         }
+    }
+}
+
+// A split reduction's second pass: y = act(bias + the splits' sums, added in split order), element-wise.
+__global__ void igemm_split_sum(const float *partial, int splits, const float *bias, float *y, long size,
+                                int opix, int cout, int act, float slope) {
+    const long stride = (long)gridDim.x * blockDim.x;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < size; i += stride) {
+        float v = 0.0f;
+        for (int z = 0; z < splits; ++z) v += partial[z * size + i];
+        if (bias != nullptr) v += __ldg(bias + (int)((i / opix) % cout));
+        y[i] = activate(v, act, slope);
     }
 }
 
@@ -196,11 +216,12 @@ struct Tile {
     int bm, bn, bk;
     void (*kernel)(const IgemmArgs);
     int threads;
+    int splits;                // the reduction split over this many blocks (a second pass adds them), or 1
 };
 
-template <int BM, int BN, int TM, int TN, int BK>
+template <int BM, int BN, int TM, int TN, int BK, int S = 1>
 constexpr Tile tile() {
-    return {BM, BN, BK, igemm_conv_kernel<BM, BN, TM, TN, BK>, (BM / TM) * (BN / TN)};
+    return {BM, BN, BK, igemm_conv_kernel<BM, BN, TM, TN, BK>, (BM / TM) * (BN / TN), S};
 }
 
 // The tiles the compiler times (cydnn_igemm_conv_tile names them): rows x output channels a block.
@@ -212,6 +233,13 @@ const Tile kTiles[] = {
     tile<64, 64, 4, 4, 16>(),      // 256 threads
     tile<128, 32, 4, 4, 16>(),     // 256 threads
     tile<64, 32, 4, 4, 16>(),      // 128 threads
+    // the reduction split over 2 or 4 blocks: few rows (small batches, small planes) leave most SMs idle with
+    // one block per tile -- ncu on the CNN's conv3 at b64 (64x64, 128 blocks): 2 warps a scheduler, 0.44 issued
+    // a cycle, a third of the stalls on shared-memory loads (docs/performance.md, session 23)
+    tile<64, 64, 4, 4, 16, 2>(),
+    tile<64, 64, 4, 4, 16, 4>(),
+    tile<64, 32, 4, 4, 16, 4>(),
+    tile<128, 32, 4, 4, 16, 4>(),
 };
 constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
 
@@ -228,9 +256,25 @@ cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
         g_prepared[tile].store(true, std::memory_order_release);
     }
     a.vec = (a.oh * a.ow) % 4 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-    const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn));
+    const int chunks = (a.r + t.bk - 1) / t.bk;
+    const int splits = t.splits < chunks ? t.splits : chunks;
+    a.per_split = (chunks + splits - 1) / splits;
+    const int used = (chunks + a.per_split - 1) / a.per_split;       // no block without chunks
+    a.partial = nullptr;
+    const long size = (long)a.m * a.cout;
+    if (used > 1) {
+        void *ws = nullptr;
+        CYDNN_TRY(cydnn::get_workspace(ctx, (size_t)used * size * sizeof(float), &ws, op));
+        a.partial = static_cast<float *>(ws);
+    }
+    const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn), (unsigned)used);
     t.kernel<<<grid, t.threads, 3 * a.r * sizeof(int), ctx->stream>>>(a);
     CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
+    if (used > 1) {
+        igemm_split_sum<<<cydnn::blocks_for(size), cydnn::kThreads, 0, ctx->stream>>>(
+            a.partial, used, a.bias, a.y, size, a.oh * a.ow, a.cout, a.act, a.slope);
+        CYDNN_LAUNCH_CHECK(op, "igemm_split_sum");
+    }
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -263,7 +307,7 @@ cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g,
     const int oh = g->h + 2 * g->pad_h - g->kh + 1, ow = g->w + 2 * g->pad_w - g->kw + 1;
     CYDNN_TRY(check(op, g, tile, oh, ow, (long)g->k * g->kh * g->kw));
     IgemmArgs a{dy, w, nullptr, dx, g->k, oh, ow, g->c, g->h, g->w, g->kh, g->kw, 1, 1,
-                g->kh - 1 - g->pad_h, g->kw - 1 - g->pad_w, g->k * g->kh * g->kw, g->n * g->h * g->w, 1, 0, 0.0f, 0};
+                g->kh - 1 - g->pad_h, g->kw - 1 - g->pad_w, g->k * g->kh * g->kw, g->n * g->h * g->w, 1, 0, 0.0f, 0, 0, nullptr};
     return launch(ctx, a, tile, op);
 }
 
@@ -271,13 +315,16 @@ cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g,
 
 int cydnn_igemm_conv_tile_count(void) { return kTileCount; }
 
-cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads) {
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *chunk, int *splits) {
     const char *op = "igemm_conv_tile";
     CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
-    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, rows != nullptr && channels != nullptr && threads != nullptr && chunk != nullptr &&
+                  splits != nullptr, "a pointer is NULL");
     *rows = kTiles[tile].bm;
     *channels = kTiles[tile].bn;
     *threads = kTiles[tile].threads;
+    *chunk = kTiles[tile].bk;
+    *splits = kTiles[tile].splits;
     return CYDNN_STATUS_SUCCESS;
 }
 
@@ -291,6 +338,6 @@ cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometr
     const int ow = g->stride_w >= 1 ? (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1 : 0;
     CYDNN_TRY(check(op, g, tile, oh, ow, (long)g->c * g->kh * g->kw));
     IgemmArgs a{x, w, b, y, g->c, g->h, g->w, g->k, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
-                g->pad_w, g->c * g->kh * g->kw, g->n * oh * ow, 0, act, slope, 0};
+                g->pad_w, g->c * g->kh * g->kw, g->n * oh * ow, 0, act, slope, 0, 0, nullptr};
     return launch(ctx, a, tile, op);
 }

@@ -547,11 +547,12 @@ cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeomet
                                         const float *w, const float *b, float *y, int act, float slope);
 
 /* Convolution, bias (may be NULL) and activation as an implicit GEMM on the CUDA cores (conv_igemm.cu): a
- * block computes `rows` output pixels x `channels` output channels (tile 0 .. count - 1, named by
- * cydnn_igemm_conv_tile).  For c*kh*kw (forward) and k*kh*kw (data gradient) up to 2304; the compiler times
- * the tiles against cuDNN. */
+ * block computes `rows` output pixels x `channels` output channels over `chunk` reductions at a time, the
+ * reduction split over `splits` blocks where splits > 1 (their sums added by a second kernel, through the
+ * context's workspace) (tile 0 .. count - 1, described by cydnn_igemm_conv_tile).  For c*kh*kw (forward) and
+ * k*kh*kw (data gradient) up to 2304; the compiler times the tiles against cuDNN. */
 int cydnn_igemm_conv_tile_count(void);
-cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads);
+cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *chunk, int *splits);
 cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                        const float *w, const float *b, float *y, int act, float slope, int tile);
 

@@ -6,6 +6,7 @@ import pytest
 
 import cydnn
 from cydnn import _C, nn, ops, optim
+from cydnn.compiler.lower import conv_igemm_name
 from cydnn.errors import CydnnError
 
 gpu = pytest.mark.gpu
@@ -71,9 +72,10 @@ def _tiles():
 def test_the_tiles_are_named_without_a_gpu():
     """The tile table is host data: rows and channels a block, its threads (every tile divides its work evenly)."""
     tiles = _C.igemm_conv_tiles()
-    assert len(tiles) >= 3
-    for rows, channels, threads in tiles:
-        assert rows % 16 == 0 and channels % 16 == 0 and threads % 32 == 0 and rows * 8 % threads == 0
+    assert len(tiles) >= 3 and len({conv_igemm_name(t) for t in tiles}) == len(tiles)     # names tell them apart
+    for rows, channels, threads, chunk, splits in tiles:
+        assert rows % 16 == 0 and channels % 16 == 0 and threads % 32 == 0 and rows * chunk % threads == 0
+        assert chunk in (8, 16) and splits >= 1
 
 
 @gpu
@@ -142,6 +144,28 @@ def test_bad_calls_are_refused_before_any_gpu_work():
                          ops.cuda.empty(w2.shape), None, s2, p2, 0)
 
 
+@gpu
+def test_a_split_reduction_beyond_the_workspace_limit_is_refused_and_the_compiler_drops_it():
+    """A split tile's partial sums live in the context's workspace: over the limit, the call raises (the executor
+    then drops that tile, as it drops any that raises) and the unsplit tiles still run."""
+    x, w, b, stride, padding = _data(SHAPES[2])                       # 27 chunks of 16: every split is used
+    ref = _conv64(x, w, stride, padding) + b[None, :, None, None]
+    gx, gw, gb = (ops.cuda.asarray(a) for a in (x, w, b))
+    tiles = _C.igemm_conv_tiles()
+    split = next(i for i, t in enumerate(tiles) if t[4] > 1)
+    whole = next(i for i, t in enumerate(tiles) if t[4] == 1)
+    limit = cydnn.cuda.settings()["workspace_limit"]
+    cydnn.cuda.set_workspace_limit(1024)
+    try:
+        y = ops.cuda.empty(ref.shape)
+        with pytest.raises(CydnnError, match="igemm_conv_forward"):
+            _C.igemm_conv_forward(gx, gw, gb, y, stride, padding, 0, 0.0, split)
+        _C.igemm_conv_forward(gx, gw, gb, y, stride, padding, 0, 0.0, whole)
+        np.testing.assert_allclose(ops.cuda.to_numpy(y), ref, rtol=0, atol=2e-6 * np.abs(ref).max())
+    finally:
+        cydnn.cuda.set_workspace_limit(limit)
+
+
 def _cnn(rng=0):
     return nn.Sequential(nn.Conv2d(3, 24, 3, padding=1, rng=rng), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(24, 48, 3, padding=1, rng=rng), nn.LeakyReLU(0.1), nn.MaxPool2d(2),
@@ -158,8 +182,8 @@ def test_the_compiled_inference_on_the_implicit_gemm_gives_the_reference(monkeyp
     want = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
     infer = cydnn.compile(model, input_shape=(3, 32, 32), fused_net="off")
     np.testing.assert_allclose(infer(x), want, rtol=1e-4, atol=1e-5)
-    kernels = [k for step in infer._runners[n].plan.steps if step.kind == "conv_bias_act" for k in step.kernels]
-    assert len(kernels) == 3 and all(k.startswith("igemm_conv_kernel<") for k in kernels), kernels
+    kernels = [step.kernels for step in infer._runners[n].plan.steps if step.kind == "conv_bias_act"]
+    assert len(kernels) == 3 and all(k[0].startswith("igemm_conv_kernel<") for k in kernels), kernels
     assert "igemm_conv_kernel<" in infer.explain(n)
 
 

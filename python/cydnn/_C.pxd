@@ -298,7 +298,7 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                             const float *w, const float *b, float *y, int act, float slope)
     int cydnn_igemm_conv_tile_count()
-    cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads)
+    cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *chunk, int *splits)
     cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                            const float *w, const float *b, float *y, int act, float slope, int tile)
 

@@ -177,12 +177,13 @@ def direct_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceAr
 
 
 def igemm_conv_tiles():
-    """The implicit-GEMM convolution's tiles: a list of (output pixels, output channels, threads) a block."""
-    cdef int rows = 0, channels = 0, threads = 0
+    """The implicit-GEMM convolution's tiles: a list of (output pixels, output channels, threads, reductions a
+    chunk, splits of the reduction) a block."""
+    cdef int rows = 0, channels = 0, threads = 0, chunk = 0, splits = 0
     tiles = []
     for t in range(cydnn_igemm_conv_tile_count()):
-        check(cydnn_igemm_conv_tile(t, &rows, &channels, &threads), "igemm_conv_tiles")
-        tiles.append((rows, channels, threads))
+        check(cydnn_igemm_conv_tile(t, &rows, &channels, &threads, &chunk, &splits), "igemm_conv_tiles")
+        tiles.append((rows, channels, threads, chunk, splits))
     return tiles
 
 

@@ -84,7 +84,7 @@ def time_replayed(fn, calls=TUNE_CALLS):
 
 def igemm_tiles(out_channels):
     """The implicit-GEMM convolution's tiles worth timing for a layer of ``out_channels`` output channels:
-    (index, (rows, channels, threads)) of those whose channels are not more than twice as many (beyond, most
+    (index, (rows, channels, threads, chunk, splits)) of those whose channels are not more than twice as many (beyond, most
     of a block's work would be padding) -- the narrowest is always kept."""
     tiles = list(enumerate(_C.igemm_conv_tiles()))
     narrowest = min(t[1] for _, t in tiles)
@@ -141,7 +141,7 @@ def _conv_forward(b, s):
         candidates["direct"], kernels["direct"] = direct, CONV_DIRECT
     for i, t in igemm_tiles(c):
         name = conv_igemm_name(t)
-        candidates[name], kernels[name] = igemm(i), (conv_igemm_kernel(t),)
+        candidates[name], kernels[name] = igemm(i), conv_igemm_kernel(t)
     chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
     if len(timed) > 1:
         s.args["timed_us"] = timed
@@ -168,7 +168,7 @@ def _conv_backward(b, s):
         s.args["timed_us"] = timed
     tile, shape = tiles[chosen]
     if tile >= 0:
-        s.kernels = (conv_igemm_kernel(shape), CONV_BACKWARD_FILTER)
+        s.kernels = conv_igemm_kernel(shape) + (CONV_BACKWARD_FILTER,)
     return _C.conv_backward, args + (tile,)
 
 

@@ -26,14 +26,19 @@ CONV_BACKWARD_FILTER = "cudnnConvolutionBackwardFilter"
 
 
 def conv_igemm_kernel(tile):
-    """The name ``explain`` gives the implicit-GEMM convolution kernel (cpp/conv_igemm.cu) of a tile (rows,
-    channels, threads), which the executor may time faster than cuDNN for a forward or a data gradient."""
-    return f"igemm_conv_kernel<{tile[0]}x{tile[1]}>"
+    """The kernels ``explain`` names for a tile (rows, channels, threads, chunk, splits) of the implicit-GEMM
+    convolution (cpp/conv_igemm.cu), which the executor may time faster than cuDNN for a forward or a data
+    gradient: the kernel, and a split reduction's second pass."""
+    rows, channels, _, chunk, splits = tile
+    if splits > 1:
+        return (f"igemm_conv_kernel<{rows}x{channels}, k{chunk}, split {splits}>", "igemm_split_sum")
+    return (f"igemm_conv_kernel<{rows}x{channels}, k{chunk}>",)
 
 
 def conv_igemm_name(tile):
-    """A tile's short name in the executor's timings: igemm128x64."""
-    return f"igemm{tile[0]}x{tile[1]}"
+    """A tile's short name in the executor's timings: igemm64x64k16, igemm64x64k16s4 (reduction split over 4)."""
+    rows, channels, _, chunk, splits = tile
+    return f"igemm{rows}x{channels}k{chunk}" + (f"s{splits}" if splits > 1 else "")
 
 
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)

@@ -6,7 +6,7 @@
 # A subset that covers every kernel and every cuDNN / cuBLAS path (one case per
 # op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
 # training step, graph capture and replay, the numpy predictor), the fused MLP,
-# the fused network (every layer kind, every cluster size) and fp16.
+# the fused network (every layer kind, every cluster size), the implicit-GEMM convolution and fp16.
 # A third run (skip it with SANITIZE_PROPERTIES=0) takes the GPU property tests of
 # tests/test_properties_layouts.py (conv, pooling, linear, softmax, activations on random odd
 # shapes, strides, paddings and memory layouts: where an out-of-bounds index would show; 3
@@ -53,6 +53,11 @@ for tool in $TOOLS; do
   # mapped host memory.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_fused_net.py -k "every_cluster or mapped_and_staged" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
+  # The implicit-GEMM convolution (conv_igemm.cu): every tile, split reductions, the data gradient beside cuDNN's
+  # filter gradient on the second stream; three shapes (partial tiles, a 7x7 plane, 27 chunks).
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_conv_igemm.py -k "every_tile and (3x24x16x16 or 1x48x8x8 or 2x5x7x7) or split" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

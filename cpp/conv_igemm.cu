@@ -42,8 +42,8 @@ struct IgemmArgs {
     float *partial;            // split reduction: blockIdx.z's raw sums, y's layout, at partial + z * y's size
 };
 
-// The operands' loads, shared by the two kernels: the offset table (built once per block: call before the
-// block's first __syncthreads), this thread's fixed A row, and a chunk of BK reductions fetched into
+// The operands' loads: the offset table (built once per block: construct before the block's first
+// __syncthreads), this thread's fixed A row, and a chunk of BK reductions fetched into
 // registers (load: global loads in flight while the block multiplies the previous chunk) then stored into
 // shared memory as As[k][m] and Bs[k][o] (row strides lda, ldb floats).
 template <int BM, int BN, int BK, int T>
@@ -224,7 +224,8 @@ constexpr Tile tile() {
     return {BM, BN, BK, igemm_conv_kernel<BM, BN, TM, TN, BK>, (BM / TM) * (BN / TN), S};
 }
 
-// The tiles the compiler times (cydnn_igemm_conv_tile names them): rows x output channels a block.
+// The tiles the compiler times (cydnn_igemm_conv_tile describes them): rows x output channels a block, the
+// outputs a thread, the reductions a chunk, the splits of the reduction.
 const Tile kTiles[] = {
     tile<128, 32, 4, 4, 8>(),      // 256 threads; chunks of 8 reductions (few input channels)
     tile<64, 32, 4, 4, 8>(),       // 128 threads
@@ -243,8 +244,8 @@ const Tile kTiles[] = {
 };
 constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
 
-// Once per tile (racing threads set the same value): dynamic shared memory for the largest table (27 KB; with
-// the static buffers under the 48 KB a launch gets without asking today, but a larger tile would pass it).
+// Once per tile (racing threads set the same value): dynamic shared memory for the largest table (27 KB), which
+// with the 128x64 tile's static buffers (25 KB) is more than the 48 KB a launch gets without asking.
 std::atomic<bool> g_prepared[kTileCount];
 
 cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {

@@ -10,7 +10,7 @@ import pytest
 
 import cydnn
 from cydnn import _C, nn, optim
-from cydnn.compiler import fused_net
+from cydnn.compiler import fused_choice, fused_net
 from cydnn.compiler.trace import trace
 
 from test_compiler import ZOO
@@ -332,10 +332,10 @@ def test_a_numpy_call_chooses_by_the_numpy_paths_times(monkeypatch):
                 fn()
                 timed.append(tuple(calls))
                 return cost[None if calls[-1][0] in ("launch", "download") else calls[-1][1]] * 1e-6
-            monkeypatch.setattr(fused_net, "time_calls", fake_time)
-            choice = object.__new__(fused_net.FusedChoice)
+            monkeypatch.setattr(fused_choice, "time_calls", fake_time)
+            choice = object.__new__(fused_choice.FusedChoice)
             choice.mode, choice.reason, choice.net = "auto", None, net
-            choice.clusters, choice.timed_us, choice.skipped = {}, {}, {}
+            choice.clusters, choice.timed_us, choice.skipped, choice.hoped = {}, {}, {}, {}
             chosen = choice.choose(8, 3, Rows(8), launch, output, host=host)
             assert chosen == min(cost, key=cost.get)
             assert choice.timed_us[8] == {("plan" if k is None else f"fused/{k}"): float(v) for k, v in cost.items()}

@@ -14,7 +14,7 @@ import pytest
 
 import cydnn
 from cydnn import _C
-from cydnn.compiler import fused_net, fused_net_gen
+from cydnn.compiler import fused_choice, fused_net, fused_net_gen
 from cydnn.compiler.trace import trace
 
 from test_compiler import ZOO
@@ -330,13 +330,13 @@ def test_where_the_plan_beat_the_interpreter_the_generated_kernel_is_timed_again
     starts the generated kernel's compile anyway; once it is adopted, it and the plan are timed again as numpy
     calls and the faster serves: the choice follows those two times, and the outputs stay the reference's."""
     monkeypatch.delenv("CYDNN_FUSED_GEN", raising=False)
-    real = fused_net.FusedChoice._time
+    real = fused_choice.FusedChoice._time
 
     def plan_first(candidates):
         times = real(candidates)
         times[None] = 0.9 * min(t for k, t in times.items() if k is not None)
         return times
-    monkeypatch.setattr(fused_net.FusedChoice, "_time", staticmethod(plan_first))
+    monkeypatch.setattr(fused_choice.FusedChoice, "_time", staticmethod(plan_first))
     make, shape = ZOO["cnn32"]
     model = make().to("cuda").eval()
     infer = cydnn.compile(model, input_shape=shape)

@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from .. import _C, nn
-from . import fused_net, lenet
+from . import fused_choice, fused_net, lenet
 from .binding import _Runner, _build_plan, log, module_buffers, signature
 from .trace import Unsupported, trace
 
@@ -79,7 +79,7 @@ class CompiledInference:
             self._sig = signature(self.model)
             self._plan_lenet()
             if not self.reason:                               # the model is on the GPU
-                self._fused = fused_net.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1],
+                self._fused = fused_choice.FusedChoice(nodes, self.softmax, self.fused_net_mode, BUCKETS[-1],
                                                    self.resident_us)
 
     def unsupported_reason(self):

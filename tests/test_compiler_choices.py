@@ -1,0 +1,171 @@
+"""The compiler's timed choices, on the CPU with the timings given: the executor's fastest way of a convolution
+(executor._fastest: the fastest kept, a way that raises dropped, $CYDNN_CONV's forcing) and the inference's
+choice of the fused network against the plan, with the second timing of a kernel generated for the network where
+the plan won the first (fused_choice.FusedChoice: GENERATED_HOPE)."""
+import numpy as np
+import pytest
+
+from cydnn import _C
+from cydnn.compiler import executor, fused_choice
+from cydnn.errors import CydnnError, OutOfMemoryError
+
+
+# ------------------------------------------------------------------ executor._fastest
+def _ways(times, raising=()):
+    """name -> call; each call records itself, the fake timer returns ``times[name]`` (seconds) or raises."""
+    calls = []
+
+    def way(name):
+        def run():
+            calls.append(name)
+            if name in raising:
+                raise OutOfMemoryError(f"{name}: over the workspace limit", 0, name)
+        run.__name__ = name
+        return run
+    return {name: way(name) for name in times}, calls
+
+
+@pytest.fixture
+def timer(monkeypatch):
+    table = {}
+
+    def fake_time_replayed(fn):
+        fn()
+        return table[fn.__name__]
+    monkeypatch.setattr(executor, "time_replayed", fake_time_replayed)
+    return table
+
+
+def test_the_fastest_way_is_kept_and_every_way_timed_twice(timer):
+    timer.update({"library": 3e-6, "direct": 9e-6, "igemm64x64k16": 2e-6, "igemm64x64k16s4": 2.5e-6})
+    ways, calls = _ways(timer)
+    chosen, timed = executor._fastest(ways)
+    assert chosen == "igemm64x64k16"
+    assert timed == {"library": 3.0, "direct": 9.0, "igemm64x64k16": 2.0, "igemm64x64k16s4": 2.5}
+    assert sorted(calls) == sorted(list(timer) * 2)
+
+
+def test_a_way_that_raises_is_dropped_and_the_rest_compete(timer):
+    timer.update({"library": 3e-6, "igemm64x64k16s4": 1e-6, "igemm64x64k16": 2e-6})
+    ways, calls = _ways(timer, raising={"igemm64x64k16s4"})
+    chosen, timed = executor._fastest(ways)
+    assert chosen == "igemm64x64k16" and "igemm64x64k16s4" not in timed
+    assert calls.count("igemm64x64k16s4") == 1          # not tried again in the second round
+
+
+def test_forcing_keeps_the_ways_it_names_or_falls_back_to_all(timer):
+    timer.update({"library": 1e-6, "direct": 5e-6, "igemm128x32k8": 4e-6, "igemm64x32k8": 3e-6})
+    ways, _ = _ways(timer)
+    assert executor._fastest(ways, "igemm")[0] == "igemm64x32k8"
+    assert executor._fastest(ways, "direct")[0] == "direct"
+    assert executor._fastest(ways, "library") == ("library", {"library": 1.0})
+    # every forced way raises (a layer the tiles do not take): the others are timed instead
+    ways, _ = _ways(timer, raising={"igemm128x32k8", "igemm64x32k8"})
+    assert executor._fastest(ways, "igemm")[0] == "library"
+
+
+def test_when_every_way_raises_the_librarys_own_error_is_raised(timer):
+    timer.update({"library": 1e-6, "igemm64x32k8": 1e-6})
+    ways, _ = _ways(timer, raising={"library", "igemm64x32k8"})
+    with pytest.raises(CydnnError, match="library: over the workspace limit"):
+        executor._fastest(ways)
+
+
+def test_the_tiles_timed_for_a_layer_leave_out_the_much_wider_ones():
+    tiles = _C.igemm_conv_tiles()
+    narrowest = min(t[1] for t in tiles)
+    for channels in (1, 10, 16, 24, 48, 96, 512):
+        kept = executor.igemm_tiles(channels)
+        assert kept and all(t == tiles[i] for i, t in kept)
+        assert {t[1] for _, t in kept} == {t[1] for t in tiles if t[1] == narrowest or t[1] < 2 * channels}
+    assert len(executor.igemm_tiles(512)) == len(tiles)
+
+
+# ------------------------------------------------------------------ FusedChoice and the generated kernel
+class _Generated:
+    """The fused network's generated kernels as FusedChoice sees them: compiling, ready, or refused."""
+
+    def __init__(self, state):
+        self.state, self.started = state, []
+
+    def start(self, cluster):
+        self.started.append(cluster)
+        return self.state != "off"
+
+    def compiling(self, cluster):
+        return self.state == "compiling"
+
+    def get(self, cluster):
+        return object() if self.state == "ready" else None
+
+
+class _Net:
+    out_size = 2
+
+    def __init__(self, state):
+        self.generated = _Generated(state)
+        self._dy = _Out(np.zeros(8 * 2, np.float32))
+
+    def forward(self, x, dy, bucket, r):
+        pass
+
+
+class _Out:
+    def __init__(self, v):
+        self.v = v
+
+    def numpy(self):
+        return self.v
+
+
+def _choice(state, first_times, monkeypatch, again=None):
+    """A FusedChoice over a fake network; its first timing returns ``first_times`` (us; None: the plan), the second
+    timing ``again`` (us: the fused call, then the plan's)."""
+    choice = object.__new__(fused_choice.FusedChoice)
+    choice.mode, choice.reason, choice.net = "auto", None, _Net(state)
+    choice.clusters, choice.timed_us, choice.skipped, choice.hoped = {}, {}, {}, {}
+    monkeypatch.setattr(fused_choice.FusedChoice, "_time",
+                        staticmethod(lambda candidates: {k: first_times[k] * 1e-6 for k in candidates}))
+    seconds = iter([] if again is None else [t * 1e-6 for t in again])
+    monkeypatch.setattr(fused_choice, "time_calls", lambda fn, n: next(seconds))
+    out = lambda: _Out(np.zeros((8, 2), np.float32))      # noqa: E731
+    choice.choose(1, 1, None, lambda: None, out)
+    return choice
+
+
+FIRST = {None: 40.0, 1: 120.0, 2: 80.0, 4: 60.0, 8: 47.0, 16: 49.0}
+
+
+def test_where_the_fused_network_wins_its_kernel_is_generated_and_nothing_is_hoped(monkeypatch):
+    choice = _choice("compiling", {**FIRST, 8: 30.0}, monkeypatch)
+    assert choice.clusters[1] == 8 and choice.net.generated.started == [8] and not choice.hoped
+
+
+def test_where_the_plan_wins_by_little_the_fastest_clusters_kernel_is_generated(monkeypatch):
+    choice = _choice("compiling", FIRST, monkeypatch)
+    assert choice.clusters[1] is None and choice.net.generated.started == [8]
+    assert choice.cluster(1) is None and 1 in choice.hoped        # still compiling: the plan serves, hope kept
+
+
+def test_where_the_plan_wins_by_much_nothing_is_generated(monkeypatch):
+    far = {k: (v if k is None else v * 2) for k, v in FIRST.items()}         # the best cluster 2.35x the plan
+    choice = _choice("compiling", far, monkeypatch)
+    assert choice.clusters[1] is None and choice.net.generated.started == [] and not choice.hoped
+
+
+@pytest.mark.parametrize("fused, plan, chosen", [(35.0, 47.0, 8), (37.0, 29.0, None)])
+def test_a_ready_kernel_is_timed_against_the_plan_again_and_the_faster_serves(monkeypatch, fused, plan, chosen):
+    choice = _choice("ready", FIRST, monkeypatch, again=(fused, plan))
+    assert choice.cluster(1) == chosen and not choice.hoped
+    assert choice.timed_us[1]["generated/8"] == fused and choice.timed_us[1]["plan again"] == plan
+    assert choice.cluster(1) == chosen                             # decided once: no third timing (none is left)
+
+
+def test_a_refused_kernel_leaves_the_plan_without_a_second_timing(monkeypatch):
+    choice = _choice("refused", FIRST, monkeypatch, again=())
+    assert choice.cluster(1) is None and not choice.hoped and "generated/8" not in choice.timed_us[1]
+
+
+def test_generation_switched_off_hopes_for_nothing(monkeypatch):
+    choice = _choice("off", FIRST, monkeypatch)
+    assert choice.clusters[1] is None and not choice.hoped

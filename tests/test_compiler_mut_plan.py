@@ -266,7 +266,7 @@ def test_an_empty_plan_has_no_arena():
 
 
 # ------------------------------------------------------------------------------------------ explain
-STEP = re.compile(r"^ +(\d+)\. (.+?) +(\w+) +\[(.*)\]  (.*) -> (.*?)(?:  \(timed, us: (.*)\))?$")
+STEP = re.compile(r"^ +(\d+)\. (.+?) +(\w+) +\[(.*)\]  (.*) -> (.*?)(?:  \(timed, us, fastest first: (.*)\))?$")
 BUF = re.compile(r"^  (\S+) +(\(.*?\)) +(\w+) +([\d,]+) B  (.*)$")
 
 
@@ -295,7 +295,7 @@ def test_explain_prints_what_the_plan_holds(make, shape, batch, training):
         assert m, lines[at + 1 + i]
         assert (int(m[1]), m[2], m[3], tuple(m[4].split(" + ")), tuple(m[5].split(", ")), tuple(m[6].split(", "))) \
             == (i, s.name, s.kind, s.kernels, s.reads, s.writes)
-        assert (m[7] is None) == (i != 1) and (i != 1 or m[7] == "{'cudnn': 12.5, 'direct': 7.25}")
+        assert (m[7] is None) == (i != 1) and (i != 1 or m[7] == "direct 7.25, cudnn 12.5")
     at += 1 + len(plan.steps)
     assert lines[at] == "buffers:"
     for j, (name, buf) in enumerate(plan.buffers.items()):
@@ -387,3 +387,12 @@ def test_names_and_kernels_of_the_remaining_step_kinds():
     assert named["3 global_avg_pool"].kernels == ("cudnnPoolingForward",) and named["3 global_avg_pool"].kind == \
         "avg_pool_forward"
     assert named["2 max_pool backward"].kernels == ("max_pool_backward_kernel",)
+
+
+def test_a_step_timed_many_ways_shows_the_four_fastest_and_how_many_more():
+    """The executor times up to 13 ways of a convolution: the printout keeps the four fastest (the first is the
+    one that runs) and counts the rest; ``step.args["timed_us"]`` keeps them all."""
+    plan = _plan(*PLANS[0])
+    plan.steps[0].args["timed_us"] = {**{f"igemm{i}": 30.0 - i for i in range(9)}, "library": 25.5}
+    line = str(plan.steps[0])
+    assert line.endswith("(timed, us, fastest first: igemm8 22, igemm7 23, igemm6 24, igemm5 25; 6 more)"), line

@@ -68,8 +68,9 @@ class Step:
     def __str__(self):
         r = ", ".join(self.reads)
         w = ", ".join(self.writes)
-        timed = self.args.get("timed_us")
-        chosen = f"  (timed, us: {timed})" if timed else ""
+        timed = sorted(self.args.get("timed_us", {}).items(), key=lambda kv: kv[1])    # the executor's timed ways
+        shown = ", ".join(f"{k} {v:g}" for k, v in timed[:4]) + (f"; {len(timed) - 4} more" if len(timed) > 4 else "")
+        chosen = f"  (timed, us, fastest first: {shown})" if timed else ""
         return f"{self.name:<26} {self.kind:<18} [{' + '.join(self.kernels)}]  {r} -> {w}{chosen}"
 
 

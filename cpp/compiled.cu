@@ -23,6 +23,7 @@
 
 #include "act_math.cuh"
 #include "common.cuh"
+#include "conv_plan.cuh"   // check_geometry
 
 namespace {
 
@@ -164,15 +165,11 @@ cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeomet
                                         const float *w, const float *b, float *y, int act, float slope) {
     const char *op = "direct_conv_forward";
     CYDNN_REQUIRE_CTX(op, ctx);
-    CYDNN_REQUIRE(op, g != nullptr && x != nullptr && w != nullptr && y != nullptr, "a pointer is NULL");
-    CYDNN_REQUIRE(op, g->n >= 1 && g->c >= 1 && g->h >= 1 && g->w >= 1 && g->k >= 1 && g->kh >= 1 && g->kw >= 1,
-                  "sizes must be >= 1");
-    CYDNN_REQUIRE(op, g->stride_h >= 1 && g->stride_w >= 1 && g->pad_h >= 0 && g->pad_w >= 0,
-                  "stride must be >= 1 and padding >= 0");
+    CYDNN_TRY(cydnn::conv::check_geometry(op, g));     // conv_plan.cu's, as the cuDNN ops check
+    CYDNN_REQUIRE(op, x != nullptr && w != nullptr && y != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
     const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
     const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
-    CYDNN_REQUIRE(op, oh >= 1 && ow >= 1, "the kernel does not fit the padded input");
     const size_t total = (size_t)g->n * g->k * oh * ow;
     direct_conv_kernel<<<cydnn::blocks_for(total, 128), 128, 0, ctx->stream>>>(x, w, b, y, *g, oh, ow, act, slope);
     CYDNN_LAUNCH_CHECK(op, "direct_conv_kernel");

@@ -18,6 +18,7 @@
 
 #include "act_math.cuh"
 #include "common.cuh"
+#include "conv_plan.cuh"   // check_geometry
 
 namespace {
 
@@ -279,14 +280,10 @@ cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
     return CYDNN_STATUS_SUCCESS;
 }
 
-// What every call checks: the geometry, the tile, and that the table (r reductions) and 32-bit offsets hold it.
+// What every call checks beyond the geometry (conv_plan.cu's check_geometry, shared with the cuDNN ops): the tile,
+// and that the offset table (r reductions) and 32-bit offsets hold the layer.
 cydnnStatus_t check(const char *op, const cydnnConvGeometry *g, int tile, int oh, int ow, long r) {
-    CYDNN_REQUIRE(op, g->n >= 1 && g->c >= 1 && g->h >= 1 && g->w >= 1 && g->k >= 1 && g->kh >= 1 && g->kw >= 1,
-                  "sizes must be >= 1");
-    CYDNN_REQUIRE(op, g->stride_h >= 1 && g->stride_w >= 1 && g->pad_h >= 0 && g->pad_w >= 0,
-                  "stride must be >= 1 and padding >= 0");
     CYDNN_REQUIRE(op, g->kh < 65536 && g->kw < 65536, "the kernel is %dx%d", g->kh, g->kw);
-    CYDNN_REQUIRE(op, oh >= 1 && ow >= 1, "the kernel does not fit the padded input");
     CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
     CYDNN_REQUIRE(op, r <= kMaxReduction, "the reduction (%s) is %ld, more than the %d of the offset table in "
                   "shared memory", r == (long)g->c * g->kh * g->kw ? "c*kh*kw" : "k*kh*kw", r, kMaxReduction);
@@ -303,6 +300,7 @@ namespace cydnn {
 // dx of a stride-1 convolution by tile `tile` (conv.cu's cydnn_conv_backward_ex, on the context's stream).
 cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy, const float *w,
                                   float *dx, int tile, const char *op) {
+    CYDNN_TRY(cydnn::conv::check_geometry(op, g));
     CYDNN_REQUIRE(op, g->stride_h == 1 && g->stride_w == 1, "the implicit-GEMM data gradient takes stride 1, "
                   "got %dx%d", g->stride_h, g->stride_w);
     const int oh = g->h + 2 * g->pad_h - g->kh + 1, ow = g->w + 2 * g->pad_w - g->kw + 1;
@@ -333,10 +331,11 @@ cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometr
                                        const float *w, const float *b, float *y, int act, float slope, int tile) {
     const char *op = "igemm_conv_forward";
     CYDNN_REQUIRE_CTX(op, ctx);
-    CYDNN_REQUIRE(op, g != nullptr && x != nullptr && w != nullptr && y != nullptr, "a pointer is NULL");
+    CYDNN_TRY(cydnn::conv::check_geometry(op, g));
+    CYDNN_REQUIRE(op, x != nullptr && w != nullptr && y != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
-    const int oh = g->stride_h >= 1 ? (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1 : 0;
-    const int ow = g->stride_w >= 1 ? (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1 : 0;
+    const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
+    const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
     CYDNN_TRY(check(op, g, tile, oh, ow, (long)g->c * g->kh * g->kw));
     IgemmArgs a{x, w, b, y, g->c, g->h, g->w, g->k, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
                 g->pad_w, g->c * g->kh * g->kw, g->n * oh * ow, 0, act, slope, 0, 0, nullptr};

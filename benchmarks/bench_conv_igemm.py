@@ -6,9 +6,10 @@ runs it (compiler.executor.time_replayed), of
   forward   cuDNN + the bias/activation epilogue kernel ("library"), the direct kernel, each implicit-GEMM tile;
   backward  the whole conv_backward (dx on the stream, cuDNN's filter gradient on the second) with dx by cuDNN
             or by each tile (stride 1, where dx is needed: not the first layer);
+  dw        the filter gradient alone (conv_backward without dx): cuDNN's, or each tile of cpp/conv_wgrad.cu;
 with each variant's largest difference from the library's output.  Usage (on the GPU machine):
 
-    python3 benchmarks/bench_conv_igemm.py [--batches 32,64,256] [--layers cnn32]
+    python3 benchmarks/bench_conv_igemm.py [--batches 32,64,256] [--layers cnn32] [--only dw]
 """
 import argparse
 
@@ -16,8 +17,8 @@ import numpy as np
 
 from cydnn import _C, ops
 from cydnn.errors import CydnnError
-from cydnn.compiler.executor import igemm_tiles, time_replayed
-from cydnn.compiler.lower import conv_igemm_name
+from cydnn.compiler.executor import igemm_tiles, time_replayed, wgrad_tiles
+from cydnn.compiler.lower import conv_igemm_name, conv_wgrad_name
 
 #: name -> (c, h, w, k, kernel, stride, padding, needs dx)
 LAYERS = {
@@ -36,12 +37,24 @@ LAYERS = {
 }
 
 
-def row(name, batch, c, h, w, k, ks, s, p, dx_needed):
+def row(name, batch, c, h, w, k, ks, s, p, dx_needed, only=""):
     rng = np.random.default_rng(0)
     stride, padding = (s, s), (p, p)
     oh, ow = (h + 2 * p - ks) // s + 1, (w + 2 * p - ks) // s + 1
     x = ops.cuda.asarray(rng.standard_normal((batch, c, h, w)).astype(np.float32))
     wt = ops.cuda.asarray((rng.standard_normal((k, c, ks, ks)) / np.sqrt(c * ks * ks)).astype(np.float32))
+    if only in ("", "dw"):
+        dy = ops.cuda.asarray(rng.standard_normal((batch, k, oh, ow)).astype(np.float32))
+        dw, dw_ref = ops.cuda.empty((k, c, ks, ks)), ops.cuda.empty((k, c, ks, ks))
+        _C.conv_backward(x, wt, dy, None, dw_ref, None, stride, padding)
+        want = ops.cuda.to_numpy(dw_ref)
+        wgrad = {"cuDNN": lambda: _C.conv_backward(x, wt, dy, None, dw, None, stride, padding)}
+        for i, t in wgrad_tiles(k, batch * oh * ow):
+            wgrad[conv_wgrad_name(t)[5:]] = (
+                lambda tile=i: _C.conv_backward(x, wt, dy, None, dw, None, stride, padding, -1, tile))
+        print(f"{name:<18} b{batch:<4} dw        " + " | ".join(_timed(wgrad, dw, want, "cuDNN")), flush=True)
+    if only == "dw":
+        return
     b = ops.cuda.asarray(rng.standard_normal(k).astype(np.float32))
     y, ref = ops.cuda.empty((batch, k, oh, ow)), ops.cuda.empty((batch, k, oh, ow))
     inner = oh * ow
@@ -87,6 +100,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", default="32,64,256")
     ap.add_argument("--layers", default="", help="comma-separated prefixes of the layer names (default: all)")
+    ap.add_argument("--only", default="", choices=("", "dw"), help="dw: only the filter gradients")
     args = ap.parse_args()
     prefixes = [p for p in args.layers.split(",") if p]
     print("us a call replayed in a CUDA graph (best of 3 x 10); (max |difference| from cuDNN's result)")
@@ -94,7 +108,7 @@ def main():
     for batch in (int(v) for v in args.batches.split(",")):
         for name, spec in LAYERS.items():
             if not prefixes or any(name.startswith(p) for p in prefixes):
-                row(name, batch, *spec)
+                row(name, batch, *spec, only=args.only)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "conv_igemm.cuh"
+#include "conv_wgrad.cuh"
 #include "conv_plan.cuh"
 
 namespace {
@@ -190,9 +191,10 @@ cydnnStatus_t side_cudnn(cydnnContext *ctx, const char *op) {
 // second stream beside the data gradient, between a fork and a join: the two read the same dy and
 // write different arrays, and a step of small convolutions leaves most of the GPU idle in each.
 // Algorithms are searched, and both workspaces sized, before the fork (a search times on the stream).
-// dx_tile >= 0: dx by that implicit-GEMM tile (stride 1) instead of cuDNN.
+// dx_tile >= 0: dx by that implicit-GEMM tile (stride 1) instead of cuDNN; dw_tile >= 0: the filter gradient by
+// that tile of conv_wgrad.cu (the bias gradient, where asked, stays cuDNN's).
 cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x, const float *weight,
-                            const float *dy, float *dx, float *dweight, float *dbias, int dx_tile) {
+                            const float *dy, float *dx, float *dweight, float *dbias, int dx_tile, int dw_tile) {
     const char *op = "conv_backward";
     CYDNN_REQUIRE_CTX("conv_backward", ctx);
     CYDNN_TRY(check_geometry(op, g));
@@ -207,8 +209,15 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
                   "the implicit-GEMM data gradient takes stride 1, got %dx%d", g->stride_h, g->stride_w);
     if (dx != nullptr && dx_tile < 0 && !plan->bwd_data_found)
         CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
-    if (!plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
+    if (dw_tile < 0 && !plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
     if (dx == nullptr) {
+        if (dw_tile >= 0) {
+            CYDNN_TRY(cydnn::conv_wgrad(ctx, g, x, dy, dweight, dw_tile, ctx->stream, cydnn::kMainWorkspace, op));
+            if (dbias != nullptr)
+                CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(ctx->cudnn, &kOne, plan->y_desc, dy, &kZero,
+                                                             plan->bias_desc, dbias));
+            return CYDNN_STATUS_SUCCESS;
+        }
         void *ws = nullptr;
         CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
         return filter_and_bias(ctx->cudnn, plan, x, dy, dweight, dbias, ws, op);
@@ -216,9 +225,20 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
     CYDNN_TRY(side_cudnn(ctx, op));
     void *ws_data = nullptr, *ws_filter = nullptr;
     if (dx_tile < 0) CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_data_workspace, &ws_data, op));
-    CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
+    if (dw_tile < 0)
+        CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
     CYDNN_TRY(cydnn::fork_side(ctx, op));
-    const cydnnStatus_t side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
+    cydnnStatus_t side = CYDNN_STATUS_SUCCESS;
+    if (dw_tile < 0) {
+        side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
+    } else {
+        side = cydnn::conv_wgrad(ctx, g, x, dy, dweight, dw_tile, ctx->side, cydnn::kSideWorkspace, op);
+        if (side == CYDNN_STATUS_SUCCESS && dbias != nullptr) {
+            const cudnnStatus_t e = cudnnConvolutionBackwardBias(ctx->cudnn_side, &kOne, plan->y_desc, dy, &kZero,
+                                                                 plan->bias_desc, dbias);
+            if (e != CUDNN_STATUS_SUCCESS) side = cydnn::cudnn_failure(e, op, "cudnnConvolutionBackwardBias");
+        }
+    }
     const cydnnStatus_t main = dx_tile < 0 ? data_gradient(ctx->cudnn, plan, weight, dy, dx, ws_data, op)
                                            : cydnn::igemm_data_gradient(ctx, g, dy, weight, dx, dx_tile, op);
     CYDNN_TRY(cydnn::join_side(ctx, op));
@@ -275,14 +295,20 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
 cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                   const float *weight, const float *dy, float *dx, float *dweight,
                                   float *dbias) {
-    return cydnn_conv_backward_ex(ctx, g, x, weight, dy, dx, dweight, dbias, -1);
+    return cydnn_conv_backward_tiles(ctx, g, x, weight, dy, dx, dweight, dbias, -1, -1);
 }
 
 cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                      const float *weight, const float *dy, float *dx, float *dweight,
                                      float *dbias, int dx_tile) {
+    return cydnn_conv_backward_tiles(ctx, g, x, weight, dy, dx, dweight, dbias, dx_tile, -1);
+}
+
+cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                        const float *weight, const float *dy, float *dx, float *dweight,
+                                        float *dbias, int dx_tile, int dw_tile) {
     try {
-        return conv_backward(ctx, g, x, weight, dy, dx, dweight, dbias, dx_tile);
+        return conv_backward(ctx, g, x, weight, dy, dx, dweight, dbias, dx_tile, dw_tile);
     } catch (const std::bad_alloc &) {
         return host_out_of_memory("conv_backward");
     }

@@ -188,6 +188,17 @@ cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g,
 cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                      const float *weight, const float *dy, float *dx, float *dweight,
                                      float *dbias, int dx_tile);
+/* The same with the filter gradient by conv_wgrad.cu's tile dw_tile (below) where dw_tile >= 0 (the bias
+ * gradient stays cuDNN's). */
+cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                        const float *weight, const float *dy, float *dx, float *dweight,
+                                        float *dbias, int dx_tile, int dw_tile);
+/* A convolution's filter gradient as a GEMM on the CUDA cores (conv_wgrad.cu): a block computes `channels` output
+ * channels x `reductions` (c, ky, kx) indices of dw over a share of the n*oh*ow output pixels, the pixels split over
+ * `splits` blocks whose partial sums a second kernel adds in a fixed order (through the context's workspace).  The
+ * compiler times the tiles against cuDNN's filter gradient. */
+int cydnn_conv_wgrad_tile_count(void);
+cydnnStatus_t cydnn_conv_wgrad_tile(int tile, int *channels, int *reductions, int *threads, int *splits);
 
 /* What cuDNN's measurement chose for each convolution plan, as text: one line
  * per measured direction, "<plan key>\t<forward|backward_data|backward_filter>
@@ -294,6 +305,10 @@ cydnnStatus_t cydnn_linear_forward_act(cydnnContext *ctx, const float *x, const 
 cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight,
                                     const float *dy, float *dx, float *dweight, float *dbias,
                                     int n, int in_features, int out_features);
+/* The same, dx (when asked) by gemm_skinny.cu's tile dx_tile (-1: cuBLASLt) beside cuBLASLt's dweight. */
+cydnnStatus_t cydnn_linear_backward_ex(cydnnContext *ctx, const float *x, const float *weight,
+                                       const float *dy, float *dx, float *dweight, float *dbias,
+                                       int n, int in_features, int out_features, int dx_tile);
 
 /* ------------------------------------------------------------ losses, softmax */
 /* x, y (n, c).  cuDNN softmax over each row, accurate mode; log=1 gives log_softmax. */
@@ -555,6 +570,16 @@ int cydnn_igemm_conv_tile_count(void);
 cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *chunk, int *splits);
 cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                        const float *w, const float *b, float *y, int act, float slope, int tile);
+
+/* A product with few rows on the CUDA cores (gemm_skinny.cu): c (m x n) = act(a (m x k) . B + bias), B[r, j] =
+ * w[j, r] (b_kn = 0: w (n, k), a linear layer's forward) or w[r, j] (b_kn = 1: w (k, n), its data gradient).  A
+ * block computes `rows` x `cols` outputs over a share of the reduction; the `splits` blocks of a thread-block
+ * cluster (compute capability 9.0) add their shares through distributed shared memory, in a fixed order.
+ * act as cydnn_bias_act_forward's.  The compiler times the tiles against cuBLASLt. */
+int cydnn_skinny_gemm_tile_count(void);
+cydnnStatus_t cydnn_skinny_gemm_tile(int tile, int *rows, int *cols, int *threads, int *splits);
+cydnnStatus_t cydnn_skinny_gemm(cydnnContext *ctx, const float *a, const float *w, const float *bias, float *c,
+                                int m, int n, int k, int b_kn, int act, float slope, int tile);
 
 /* Inference: a batch norm after a convolution / linear layer, folded into it.  w (out, per_out),
  * b (out) or NULL; s = gamma / sqrt(var + eps); w_out = w * s[o], b_out = (b - mean) * s + beta. */

@@ -48,6 +48,7 @@
 #include <new>
 
 #include "common.cuh"
+#include "gemm_skinny.cuh"
 #include "memory.cuh"
 
 namespace {
@@ -287,6 +288,12 @@ cydnnStatus_t cydnn_linear_forward_act(cydnnContext *ctx, const float *x, const 
 cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight,
                                     const float *dy, float *dx, float *dweight, float *dbias,
                                     int n, int in_features, int out_features) {
+    return cydnn_linear_backward_ex(ctx, x, weight, dy, dx, dweight, dbias, n, in_features, out_features, -1);
+}
+
+cydnnStatus_t cydnn_linear_backward_ex(cydnnContext *ctx, const float *x, const float *weight,
+                                       const float *dy, float *dx, float *dweight, float *dbias,
+                                       int n, int in_features, int out_features, int dx_tile) {
     const char *op = "linear_backward";
     CYDNN_REQUIRE_CTX("linear_backward", ctx);
     CYDNN_REQUIRE("linear_backward", x != nullptr, "x is NULL");
@@ -308,8 +315,12 @@ cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const flo
         // dx^T (in x n) = W^T * dy^T, on the context's stream; dW beside it on the second stream.
         CYDNN_TRY(cydnn::fork_side(ctx, op));
         const cydnnStatus_t side = gemm(ctx, dw, 1, op);
-        const cydnnStatus_t main = gemm(ctx, {CUBLAS_OP_N, CUBLAS_OP_N, in_features, n, out_features, weight,
-                                              in_features, dy, out_features, dx, in_features, nullptr, false}, 0, op);
+        // dx = dy (n x out) . W (out x in): cuBLASLt, or gemm_skinny.cu's tile dx_tile.
+        const cydnnStatus_t main =
+            dx_tile >= 0 ? cydnn::skinny_gemm(ctx, dy, weight, nullptr, dx, n, in_features, out_features, 1,
+                                              CYDNN_ACT_NONE, 0.0f, dx_tile, ctx->stream, op)
+                         : gemm(ctx, {CUBLAS_OP_N, CUBLAS_OP_N, in_features, n, out_features, weight, in_features,
+                                      dy, out_features, dx, in_features, nullptr, false}, 0, op);
         CYDNN_TRY(cydnn::join_side(ctx, op));
         CYDNN_TRY(side);
         CYDNN_TRY(main);

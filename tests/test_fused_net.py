@@ -258,7 +258,12 @@ def test_many_chunks_through_the_copy_pipe_give_the_reference_outputs(mode, cont
     got = infer(x)
     want = np.concatenate([_reference(model, np.ascontiguousarray(x[i:i + 1024])) for i in range(0, n, 1024)])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * max(1.0, float(np.abs(want).max())))
-    assert infer._pipe is not None
+    # the pipe serves the full chunks where the plan serves their bucket; in auto mode the fused network (or its
+    # generated kernel, timed again once compiled) may win the bucket instead, and then runs the chunks itself
+    plan_serves = infer._fused is None or infer._fused.clusters.get(1024) is None
+    assert (infer._pipe is not None) == plan_serves, infer.info()["fused_net"]
+    if mode == "off":
+        assert infer._pipe is not None
     again = infer(x[::-1].copy())                   # the same pinned buffers, other data
     np.testing.assert_allclose(again, got[::-1], rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max())))
 

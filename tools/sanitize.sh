@@ -6,7 +6,8 @@
 # A subset that covers every kernel and every cuDNN / cuBLAS path (one case per
 # op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
 # training step, graph capture and replay, the numpy predictor), the fused MLP,
-# the fused network (every layer kind, every cluster size), the implicit-GEMM convolution and fp16.
+# the fused network (every layer kind, every cluster size), the implicit-GEMM convolution, the product with
+# few rows, the filter-gradient GEMM and fp16.
 # A third run (skip it with SANITIZE_PROPERTIES=0) takes the GPU property tests of
 # tests/test_properties_layouts.py (conv, pooling, linear, softmax, activations on random odd
 # shapes, strides, paddings and memory layouts: where an out-of-bounds index would show; 3
@@ -58,6 +59,12 @@ for tool in $TOOLS; do
   # filter gradient on the second stream; three shapes (partial tiles, a 7x7 plane, 27 chunks).
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_conv_igemm.py -k "every_tile and (3x24x16x16 or 1x48x8x8 or 2x5x7x7) or split" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
+  # The product with few rows (gemm_skinny.cu: every tile, its cluster's sums through distributed shared memory)
+  # and the filter gradient (conv_wgrad.cu: every tile, split sums, beside dx on the second stream).
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_gemm_skinny.py tests/test_conv_wgrad.py \
+      -k "every_tile and (3x37x131 or 17x5x9 or 2x16x14x14 or 1x4x9x11 or 5x70x4x4) or epilogue and 1]" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

@@ -86,6 +86,11 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                          const float *weight, const float *dy, float *dx, float *dweight,
                                          float *dbias, int dx_tile)
+    cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
+                                            const float *weight, const float *dy, float *dx, float *dweight,
+                                            float *dbias, int dx_tile, int dw_tile)
+    int cydnn_conv_wgrad_tile_count()
+    cydnnStatus_t cydnn_conv_wgrad_tile(int tile, int *channels, int *reductions, int *threads, int *splits)
 
     ctypedef struct cydnnPoolGeometry:
         int n, c, h, w
@@ -139,6 +144,9 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_linear_backward(cydnnContext *ctx, const float *x, const float *weight, const float *dy,
                                         float *dx, float *dweight, float *dbias, int n, int in_features,
                                         int out_features)
+    cydnnStatus_t cydnn_linear_backward_ex(cydnnContext *ctx, const float *x, const float *weight, const float *dy,
+                                           float *dx, float *dweight, float *dbias, int n, int in_features,
+                                           int out_features, int dx_tile)
 
     cydnnStatus_t cydnn_softmax_forward(cydnnContext *ctx, const float *x, float *y, int n, int c, int log)
     cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits, const int32_t *labels,
@@ -297,6 +305,10 @@ cdef extern from "cydnn.h" nogil:
                                         size_t per_out, float *w_out, float *b_out)
     cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                             const float *w, const float *b, float *y, int act, float slope)
+    int cydnn_skinny_gemm_tile_count()
+    cydnnStatus_t cydnn_skinny_gemm_tile(int tile, int *rows, int *cols, int *threads, int *splits)
+    cydnnStatus_t cydnn_skinny_gemm(cydnnContext *ctx, const float *a, const float *w, const float *bias, float *c,
+                                    int m, int n, int k, int b_kn, int act, float slope, int tile)
     int cydnn_igemm_conv_tile_count()
     cydnnStatus_t cydnn_igemm_conv_tile(int tile, int *rows, int *channels, int *threads, int *chunk, int *splits)
     cydnnStatus_t cydnn_igemm_conv_forward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,

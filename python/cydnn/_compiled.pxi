@@ -194,3 +194,41 @@ def igemm_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArr
     cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
     check(cydnn_igemm_conv_forward(ctx(), &g, f32(x, "x"), f32(w, "w"), f32_or_null(b, "b"), f32(y, "y"), act,
                                    slope, tile), "igemm_conv_forward")
+
+
+def skinny_gemm_tiles():
+    """gemm_skinny.cu's tiles: a list of (rows, columns, threads, splits of the reduction over a cluster's blocks)."""
+    cdef int rows = 0, cols = 0, threads = 0, splits = 0
+    tiles = []
+    for t in range(cydnn_skinny_gemm_tile_count()):
+        check(cydnn_skinny_gemm_tile(t, &rows, &cols, &threads, &splits), "skinny_gemm_tiles")
+        tiles.append((rows, cols, threads, splits))
+    return tiles
+
+
+def skinny_gemm(DeviceArray a not None, DeviceArray w not None, DeviceArray bias, DeviceArray c not None,
+                bint b_kn, int act=0, float slope=0.0, int tile=0):
+    """c = act(a B + bias) by tile ``tile`` (cydnn_skinny_gemm): a (m, k), c (m, n); B = w^T with w (n, k) (a linear
+    layer's forward), or B = w with w (k, n) where ``b_kn`` (its data gradient dy w)."""
+    if len(a.shape) != 2 or len(w.shape) != 2 or len(c.shape) != 2:
+        raise ValueError(f"skinny_gemm: a, w and c must be 2-D, got {a.shape}, {w.shape}, {c.shape}")
+    m, k = a.shape
+    n = w.shape[1] if b_kn else w.shape[0]
+    if (w.shape[0] if b_kn else w.shape[1]) != k or tuple(c.shape) != (m, n):
+        raise ValueError(f"skinny_gemm: a {a.shape} and w {w.shape} ({'(k, n)' if b_kn else '(n, k)'}) make c "
+                         f"({m}, {n}), got c {c.shape}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"skinny_gemm: bias must have shape ({n},), got {bias.shape}")
+    check(cydnn_skinny_gemm(ctx(), f32(a, "a"), f32(w, "w"), f32_or_null(bias, "bias"), f32(c, "c"), m, n, k, b_kn,
+                            act, slope, tile), "skinny_gemm")
+
+
+def conv_wgrad_tiles():
+    """conv_wgrad.cu's tiles: a list of (output channels, reductions (c, ky, kx), threads, splits of the output
+    pixels) a block."""
+    cdef int channels = 0, reductions = 0, threads = 0, splits = 0
+    tiles = []
+    for t in range(cydnn_conv_wgrad_tile_count()):
+        check(cydnn_conv_wgrad_tile(t, &channels, &reductions, &threads, &splits), "conv_wgrad_tiles")
+        tiles.append((channels, reductions, threads, splits))
+    return tiles

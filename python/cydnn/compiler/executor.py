@@ -23,7 +23,8 @@ import numpy as np
 from .. import _C
 from ..errors import CydnnError
 from .ir import ARENA_ROLES
-from .lower import CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_FILTER, conv_igemm_kernel, conv_igemm_name
+from .lower import (CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, conv_igemm_kernel, conv_igemm_name,
+                    conv_wgrad_kernel, conv_wgrad_name, skinny_gemm_kernel, skinny_gemm_name)
 
 __all__ = ["Bound", "DISPATCH"]
 
@@ -91,11 +92,27 @@ def igemm_tiles(out_channels):
     return [(i, t) for i, t in tiles if t[1] == narrowest or t[1] < 2 * out_channels]
 
 
+def skinny_tiles(m, n, k):
+    """gemm_skinny.cu's tiles worth timing for an (m x n) product over k: (index, (rows, cols, threads, splits)) of
+    those whose rows are not beyond m (or the fewest rows any tile has), whose columns are not more than twice n
+    (or the narrowest of those), and whose split leaves every block of the cluster a chunk of 16 reductions (or
+    the least split of those)."""
+    tiles = list(enumerate(_C.skinny_gemm_tiles()))
+    fewest = min(t[0] for _, t in tiles)
+    tiles = [(i, t) for i, t in tiles if t[0] <= max(m, fewest)]
+    narrowest = min(t[1] for _, t in tiles)
+    tiles = [(i, t) for i, t in tiles if t[1] == narrowest or t[1] < 2 * n]
+    least = min(t[3] for _, t in tiles)
+    chunks = -(-k // 16)
+    return [(i, t) for i, t in tiles if t[3] == least or t[3] <= chunks]
+
+
 def _fastest(candidates, forced=None):
     """The fastest of ``candidates`` (name -> zero-argument call), each timed replayed as the plan's graph replays
     it, twice round (the first round warms up: cuDNN's algorithm search, the graphs' first launches); a candidate
     that raises (a shape its kernel does not take) is dropped.  ``forced``: only the names it starts with
-    (``$CYDNN_CONV``, a switch for tests and debugging), where any is left.  Returns (name, {name: us})."""
+    (``$CYDNN_CONV`` or ``$CYDNN_LINEAR``, switches for tests and debugging), where any is left.  Returns
+    (name, {name: us})."""
     kept = {k: f for k, f in candidates.items() if forced and k.startswith(forced)}
     for pool in (kept, candidates):
         times = dict.fromkeys(pool)
@@ -109,7 +126,7 @@ def _fastest(candidates, forced=None):
             chosen = min(times, key=times.get)
             return chosen, {k: round(1e6 * t, 1) for k, t in times.items()}
     candidates["library"]()                      # the library's own way: let its error speak
-    raise RuntimeError("no way of the convolution ran")
+    raise RuntimeError("no way of the step ran")
 
 
 def _conv_forward(b, s):
@@ -149,35 +166,100 @@ def _conv_forward(b, s):
     return candidates[chosen], ()
 
 
+def wgrad_tiles(out_channels, pixels):
+    """The filter-gradient kernel's tiles worth timing for a layer of ``out_channels`` output channels and ``pixels``
+    output pixels (n * oh * ow): (index, (channels, reductions, threads, splits)) of those whose channels are not
+    more than twice as many (the narrowest always kept) and whose splits leave every block 4 chunks of 16 pixels."""
+    tiles = list(enumerate(_C.conv_wgrad_tiles()))
+    narrowest = min(t[0] for _, t in tiles)
+    chunks = -(-pixels // 16)
+    return [(i, t) for i, t in tiles
+            if (t[0] == narrowest or t[0] < 2 * out_channels) and 4 * t[3] <= max(chunks, 4)]
+
+
 def _conv_backward(b, s):
-    """A convolution's backward; where dx is asked and the stride is 1, dx by cuDNN or by an implicit-GEMM tile,
-    whichever is faster replayed (the filter gradient, beside it on the second stream, is cuDNN's either way)."""
+    """A convolution's backward: where dx is asked and the stride is 1, dx by cuDNN or by an implicit-GEMM tile; then
+    the filter gradient (beside dx on the second stream) by cuDNN or by a tile of cpp/conv_wgrad.cu -- each choice
+    the fastest whole backward replayed."""
     x, w, dy = b[s.reads[0]], b[s.reads[1]], b[s.reads[2]]
     dx, dw = b.get(s.args["dx"]), b[s.args["dw"]]
     stride, padding = s.args["stride"], s.args["padding"]
     args = (x, w, dy, dx, dw, None, stride, padding)
-    if dx is None or tuple(stride) != (1, 1):
-        return _C.conv_backward, args
-    candidates = {"library": lambda: _C.conv_backward(*args)}
+    forced = os.environ.get("CYDNN_CONV")
+    timed_all, dx_tile = {}, -1
+    dx_kernels = (CONV_BACKWARD_DATA,) if dx is not None else ()
+    if dx is not None and tuple(stride) == (1, 1):
+        candidates = {"library": lambda: _C.conv_backward(*args)}
+        tiles = {"library": (-1, None)}
+        for i, t in igemm_tiles(x.shape[1]):
+            name = conv_igemm_name(t)
+            candidates[name], tiles[name] = (lambda tile=i: _C.conv_backward(*args, tile)), (i, t)
+        chosen, timed = _fastest(candidates, forced)
+        timed_all.update(timed)
+        dx_tile, shape = tiles[chosen]
+        if dx_tile >= 0:
+            dx_kernels = conv_igemm_kernel(shape)
+    candidates = {"library": lambda: _C.conv_backward(*args, dx_tile)}
     tiles = {"library": (-1, None)}
-    for i, t in igemm_tiles(x.shape[1]):
-        name = conv_igemm_name(t)
-        candidates[name], tiles[name] = (lambda tile=i: _C.conv_backward(*args, tile)), (i, t)
-    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
+    pixels = dy.shape[0] * dy.shape[2] * dy.shape[3]
+    for i, t in wgrad_tiles(w.shape[0], pixels):
+        name = conv_wgrad_name(t)
+        candidates[name], tiles[name] = (lambda tile=i: _C.conv_backward(*args, dx_tile, tile)), (i, t)
+    chosen, timed = _fastest(candidates, forced) if len(candidates) > 1 else ("library", {})
+    timed_all.update({("dw " + k if k == "library" else k): v for k, v in timed.items()})
+    dw_tile, shape = tiles[chosen]
+    if len(timed_all) > 1:
+        s.args["timed_us"] = timed_all
+    s.kernels = dx_kernels + (conv_wgrad_kernel(shape) if dw_tile >= 0 else (CONV_BACKWARD_FILTER,))
+    return _C.conv_backward, args + (dx_tile, dw_tile)
+
+
+def _linear_forward(b, s):
+    """A linear layer's forward (its bias and a ReLU in the epilogue): cuBLASLt or a tile of the product with few
+    rows (cpp/gemm_skinny.cu), whichever is faster on these buffers, replayed."""
+    x, w, y = b[s.reads[0]], b[s.reads[1]], b[s.writes[0]]
+    bias, act = b.get(s.args.get("bias")), s.args.get("act", 0)
+    args = (x, w, bias, y, act)
+    candidates = {"library": lambda: _C.linear_forward(*args)}
+    kernels = {"library": s.kernels}
+    for i, t in skinny_tiles(y.shape[0], y.shape[1], x.shape[1]):
+        name = skinny_gemm_name(t)
+        candidates[name] = lambda tile=i: _C.skinny_gemm(x, w, bias, y, False, act, 0.0, tile)
+        kernels[name] = skinny_gemm_kernel(t)
+    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_LINEAR"))
+    if len(timed) > 1:
+        s.args["timed_us"] = timed
+    s.kernels = kernels[chosen]
+    return candidates[chosen], ()
+
+
+def _linear_backward(b, s):
+    """A linear layer's backward: dw by cuBLASLt on the second stream; dx (where asked) beside it by cuBLASLt or a
+    tile of the product with few rows, whichever is faster replayed."""
+    x, w, dy = b[s.reads[0]], b[s.reads[1]], b[s.reads[2]]
+    dx, dw = b.get(s.args["dx"]), b[s.args["dw"]]
+    args = (x, w, dy, dx, dw, None)
+    if dx is None:
+        return _C.linear_backward, args
+    candidates = {"library": lambda: _C.linear_backward(*args)}
+    tiles = {"library": (-1, None)}
+    for i, t in skinny_tiles(dx.shape[0], dx.shape[1], dy.shape[1]):
+        name = skinny_gemm_name(t)
+        candidates[name], tiles[name] = (lambda tile=i: _C.linear_backward(*args, tile)), (i, t)
+    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_LINEAR"))
     if len(timed) > 1:
         s.args["timed_us"] = timed
     tile, shape = tiles[chosen]
     if tile >= 0:
-        s.kernels = conv_igemm_kernel(shape) + (CONV_BACKWARD_FILTER,)
-    return _C.conv_backward, args + (tile,)
+        s.kernels = skinny_gemm_kernel(shape) + s.kernels[-1:]          # dx's kernel, then dw's product
+    return _C.linear_backward, args + (tile,)
 
 
 #: step kind -> function(bound arrays, step) -> (library function, its arguments)
 DISPATCH = {
     "conv_forward": _conv_forward,
     "conv_bias_act": _conv_forward,
-    "linear_forward": lambda b, s: (_C.linear_forward, (b[s.reads[0]], b[s.reads[1]], b.get(s.args.get("bias")),
-                                                        b[s.writes[0]], s.args.get("act", 0))),
+    "linear_forward": _linear_forward,
     "bias_act_forward": lambda b, s: (_C.bias_act_forward, (
         b[s.reads[0]], b[s.reads[1]] if len(s.reads) > 1 else None, b[s.writes[0]],
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),
@@ -191,8 +273,7 @@ DISPATCH = {
         b[s.reads[0]], b[s.reads[1]], b.get(s.args["dx"]), b.get(s.args["dbias"]),
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),
     "conv_backward": _conv_backward,
-    "linear_backward": lambda b, s: (_C.linear_backward, (b[s.reads[0]], b[s.reads[1]], b[s.reads[2]],
-                                                          b.get(s.args["dx"]), b[s.args["dw"]], None)),
+    "linear_backward": _linear_backward,
     "max_pool_act_backward": lambda b, s: (_C.max_pool_act_backward, (
         b[s.reads[0]], b[s.reads[1]], b[s.args["dx"]], b.get(s.args["dbias"]), s.args["kernel"], s.args["act"],
         s.args["slope"])),

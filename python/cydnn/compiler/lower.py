@@ -23,6 +23,7 @@ _CONV_FWD = "cudnnConvolutionForward"
 CONV_BIAS_ACT = (_CONV_FWD, "bias_act_forward_kernel")
 CONV_DIRECT = ("direct_conv_kernel",)
 CONV_BACKWARD_FILTER = "cudnnConvolutionBackwardFilter"
+CONV_BACKWARD_DATA = "cudnnConvolutionBackwardData"
 
 
 def conv_igemm_kernel(tile):
@@ -39,6 +40,32 @@ def conv_igemm_name(tile):
     """A tile's short name in the executor's timings: igemm64x64k16, igemm64x64k16s4 (reduction split over 4)."""
     rows, channels, _, chunk, splits = tile
     return f"igemm{rows}x{channels}k{chunk}" + (f"s{splits}" if splits > 1 else "")
+
+
+def conv_wgrad_kernel(tile):
+    """The kernels ``explain`` names for a tile (channels, reductions, threads, splits) of the convolution's filter
+    gradient (cpp/conv_wgrad.cu), which the executor may time faster than cuDNN's: the split GEMM and its sum."""
+    channels, reductions, _, splits = tile
+    return (f"wgrad_kernel<{channels}x{reductions}, split {splits}>", "wgrad_split_sum")
+
+
+def conv_wgrad_name(tile):
+    """A tile's short name in the executor's timings: wgrad32x64s16 (the output pixels split over 16 blocks)."""
+    channels, reductions, _, splits = tile
+    return f"wgrad{channels}x{reductions}s{splits}"
+
+
+def skinny_gemm_kernel(tile):
+    """The kernel ``explain`` names for a tile (rows, columns, threads, splits) of the product with few rows
+    (cpp/gemm_skinny.cu), which the executor may time faster than cuBLASLt for a linear layer's forward or dx."""
+    rows, cols, _, splits = tile
+    return (f"skinny_gemm_kernel<{rows}x{cols}>, cluster {splits}",)
+
+
+def skinny_gemm_name(tile):
+    """A tile's short name in the executor's timings: skinny64x32s8 (the reduction split over a cluster of 8)."""
+    rows, cols, _, splits = tile
+    return f"skinny{rows}x{cols}s{splits}"
 
 
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
@@ -218,7 +245,7 @@ def _backward(plan, i, group, x, y, dy, dx):
                      _act_backward_kernels(node.out_shape, has_bias), act=act, slope=slope, dx=dy if act else None,
                      dbias=("d:" + name + ".bias") if has_bias else None)
         if op == "conv2d":
-            kernels = (("cudnnConvolutionBackwardData",) if dx else ()) + (CONV_BACKWARD_FILTER,)
+            kernels = ((CONV_BACKWARD_DATA,) if dx else ()) + (CONV_BACKWARD_FILTER,)
             plan.add("conv_backward", f"{name} backward", (x, w, dy), ((dx,) if dx else ()) + ("d:" + w,),
                      kernels, stride=node.attrs["stride"], padding=node.attrs["padding"], dx=dx, dw="d:" + w)
         else:

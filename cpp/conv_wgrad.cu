@@ -1,0 +1,218 @@
+// conv_wgrad.cu -- a convolution's filter gradient as a GEMM on the CUDA cores (fp32), the long reduction split
+// over many blocks whose partial sums a second kernel adds in split order (the same bits every run).
+//
+//   dw[o, r] = sum_m dy[m, o] A[m, r],   m = (image, output pixel): n * oh * ow of them,
+//                                        r = (input channel, kernel row, kernel column): c * kh * kw,
+//   A[m, r] = x[img, ci, oy*sh - ph + ky, ox*sw - pw + kx] (0 outside) -- conv_igemm.cu's im2col rows.
+//
+// Why: in a small network's step cuDNN's filter gradient (wgrad_alg0_engine and kin) takes 15-38 us a layer at
+// batch 64 on the H100, and on the second stream it bounds each convolution's backward (docs/performance.md,
+// sessions 22-23).  Its outputs are few (16 x 25 .. 96 x 432) and its reduction long (4,096 .. 65,536 rows): a
+// GEMM whose parallelism has to come from splitting the reduction.
+//
+// A block computes a BO x BR tile of dw (output channels x reductions; 4 x 4 a thread) over its share of the
+// m's, in chunks of 16 m's staged in shared memory (double-buffered through registers, as conv_igemm.cu): dy's
+// values as Ds[k][o] and A's as As[k][r], both loaded along m (a warp's lanes read consecutive output pixels).
+// The block's BR reduction indices are decoded once into a table in shared memory (offset into the image, kernel
+// row, kernel column); each thread decodes its m of a chunk (image, window corner) once per chunk.
+#include <atomic>
+#include <cstdint>
+
+#include "common.cuh"
+#include "conv_plan.cuh"   // check_geometry
+#include "conv_wgrad.cuh"
+
+namespace {
+
+constexpr int kBK = 16;           // m's a chunk
+
+struct WgradArgs {
+    const float *x;            // (n, c, h, w)
+    const float *dy;           // (n, k, oh, ow)
+    float *out;                // dw (k, c, kh, kw), or the split's slice of the partial sums
+    int c, h, w, k, oh, ow, kh, kw, sh, sw, ph, pw;
+    int r, m;                  // c * kh * kw; n * oh * ow
+    int per_split;             // chunks of kBK m's a block sums
+};
+
+template <int BO, int BR>
+__global__ void __launch_bounds__((BO / 4) * (BR / 4))
+wgrad_kernel(const WgradArgs a) {
+    constexpr int T = (BO / 4) * (BR / 4);
+    constexpr int kD = BO * kBK / T, kA = BR * kBK / T;          // loads a thread, of dy and of A, a chunk
+    constexpr int kStep = T / kBK;                                // o (or r) between a thread's loads
+    static_assert(T % kBK == 0 && kD * T == BO * kBK && kA * T == BR * kBK, "loads");
+    __shared__ __align__(16) float Ds[2][kBK][BO + 4];
+    __shared__ __align__(16) float As[2][kBK][BR + 4];
+    __shared__ int t_off[BR], t_ky[BR], t_kx[BR];
+
+    const int r0 = blockIdx.x * BR, o0 = blockIdx.y * BO, tid = threadIdx.x;
+    const int khw = a.kh * a.kw, plane = a.h * a.w, opix = a.oh * a.ow;
+    for (int i = tid; i < BR; i += T) {
+        const int r = r0 + i, ci = r / khw, t = r - ci * khw, ky = t / a.kw, kx = t - ky * a.kw;
+        t_off[i] = ci * plane + ky * a.w + kx;
+        t_ky[i] = r < a.r ? ky : -(1 << 20);                       // past r: every load falls outside
+        t_kx[i] = kx;
+    }
+    __syncthreads();
+
+    const int mi = tid % kBK, li = tid / kBK;                    // this thread's m of a chunk; its first o / r
+    float rd[kD], ra[kA];
+    auto load = [&](int chunk) {
+        const int m = chunk * kBK + mi;
+        int img = 0, p = 0, iy0 = 0, ix0 = 0;
+        const bool ok = m < a.m;
+        if (ok) {
+            img = m / opix;
+            p = m - img * opix;
+            const int oy = p / a.ow;
+            iy0 = oy * a.sh - a.ph;
+            ix0 = (p - oy * a.ow) * a.sw - a.pw;
+        }
+#pragma unroll
+        for (int j = 0; j < kD; ++j) {
+            const int o = o0 + li + j * kStep;
+            rd[j] = ok && o < a.k ? __ldg(a.dy + ((long)img * a.k + o) * opix + p) : 0.0f;
+        }
+        const float *xb = a.x + (long)img * a.c * plane + iy0 * a.w + ix0;
+#pragma unroll
+        for (int j = 0; j < kA; ++j) {
+            const int i = li + j * kStep, iy = iy0 + t_ky[i], ix = ix0 + t_kx[i];
+            ra[j] = ok && (unsigned)iy < (unsigned)a.h && (unsigned)ix < (unsigned)a.w ? __ldg(xb + t_off[i]) : 0.0f;
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int j = 0; j < kD; ++j) Ds[buf][mi][li + j * kStep] = rd[j];
+#pragma unroll
+        for (int j = 0; j < kA; ++j) As[buf][mi][li + j * kStep] = ra[j];
+    };
+
+    const int to = tid % (BO / 4), tr = tid / (BO / 4);
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+
+    const int all = (a.m + kBK - 1) / kBK, c0 = blockIdx.z * a.per_split;
+    const int c1 = c0 + a.per_split < all ? c0 + a.per_split : all;
+    const int chunks = c1 > c0 ? c1 - c0 : 0;
+    if (chunks > 0) {
+        load(c0);
+        store(0);
+    }
+    __syncthreads();
+    for (int c = 0; c < chunks; ++c) {
+        const int buf = c & 1;
+        if (c + 1 < chunks) load(c0 + c + 1);
+#pragma unroll
+        for (int k = 0; k < kBK; ++k) {
+            const float4 dv = *reinterpret_cast<const float4 *>(&Ds[buf][k][to * 4]);
+            const float4 av = *reinterpret_cast<const float4 *>(&As[buf][k][tr * 4]);
+            const float d4[4] = {dv.x, dv.y, dv.z, dv.w}, a4[4] = {av.x, av.y, av.z, av.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(d4[i], a4[j], acc[i][j]);
+        }
+        if (c + 1 < chunks) store(buf ^ 1);
+        __syncthreads();
+    }
+
+    float *out = a.out + (long)blockIdx.z * a.k * a.r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int o = o0 + to * 4 + i;
+        if (o >= a.k) continue;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int r = r0 + tr * 4 + j;
+            if (r < a.r) out[(long)o * a.r + r] = acc[i][j];
+        }
+    }
+}
+
+// The splits' partial sums added in split order: dw[i] = sum_z partial[z * size + i].
+__global__ void wgrad_split_sum(const float *partial, int splits, float *dw, int size) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < size; i += gridDim.x * blockDim.x) {
+        float v = 0.0f;
+        for (int z = 0; z < splits; ++z) v += partial[(long)z * size + i];
+        dw[i] = v;
+    }
+}
+
+struct Tile {
+    int bo, br, splits;
+    void (*kernel)(const WgradArgs);
+};
+
+template <int BO, int BR>
+constexpr Tile tile(int splits) {
+    return {BO, BR, splits, wgrad_kernel<BO, BR>};
+}
+
+// The tiles the compiler times (cydnn_conv_wgrad_tile describes them): output channels x reductions a block (4 x 4
+// a thread), and the blocks the m's are split over (fewer where a layer has fewer chunks of 16 m's).
+const Tile kTiles[] = {
+    tile<16, 64>(32),  tile<16, 64>(128),
+    tile<32, 32>(32),  tile<32, 32>(128),
+    tile<32, 64>(16),  tile<32, 64>(64),
+    tile<64, 64>(8),   tile<64, 64>(32),
+};
+constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
+
+}  // namespace
+
+namespace cydnn {
+
+cydnnStatus_t conv_wgrad(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x, const float *dy,
+                         float *dw, int tile, cudaStream_t stream, int workspace, const char *op) {
+    CYDNN_TRY(cydnn::conv::check_geometry(op, g));
+    CYDNN_REQUIRE(op, x != nullptr && dy != nullptr && dw != nullptr, "a pointer is NULL");
+    CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
+    const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
+    const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
+    const long r = (long)g->c * g->kh * g->kw, m = (long)g->n * oh * ow;
+    const long big = (long)g->n * (g->c > g->k ? g->c : g->k) *
+                     ((long)g->h * g->w > (long)oh * ow ? (long)g->h * g->w : (long)oh * ow);
+    CYDNN_REQUIRE(op, big < (1L << 31) - (1L << 20) && m < (1L << 31) && (long)g->k * r < (1L << 31),
+                  "the tensors are too large for 32-bit offsets");
+    const Tile &t = kTiles[tile];
+    WgradArgs a{x, dy, dw, g->c, g->h, g->w, g->k, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
+                g->pad_w, (int)r, (int)m, 0};
+    const int chunks = (int)((m + kBK - 1) / kBK);
+    const int splits = t.splits < chunks ? t.splits : chunks;
+    a.per_split = (chunks + splits - 1) / splits;
+    const int used = (chunks + a.per_split - 1) / a.per_split;       // no block without chunks
+    const int size = (int)(g->k * r);
+    if (used > 1) {
+        void *ws = nullptr;
+        CYDNN_TRY(cydnn::get_workspace(ctx, (size_t)used * size * sizeof(float), &ws, op, workspace));
+        a.out = static_cast<float *>(ws);
+    }
+    const dim3 grid((unsigned)((r + t.br - 1) / t.br), (unsigned)((g->k + t.bo - 1) / t.bo), (unsigned)used);
+    t.kernel<<<grid, (t.bo / 4) * (t.br / 4), 0, stream>>>(a);
+    CYDNN_LAUNCH_CHECK(op, "wgrad_kernel");
+    if (used > 1) {
+        wgrad_split_sum<<<cydnn::blocks_for((size_t)size), cydnn::kThreads, 0, stream>>>(a.out, used, dw, size);
+        CYDNN_LAUNCH_CHECK(op, "wgrad_split_sum");
+    }
+    return CYDNN_STATUS_SUCCESS;
+}
+
+}  // namespace cydnn
+
+int cydnn_conv_wgrad_tile_count(void) { return kTileCount; }
+
+cydnnStatus_t cydnn_conv_wgrad_tile(int tile, int *channels, int *reductions, int *threads, int *splits) {
+    const char *op = "conv_wgrad_tile";
+    CYDNN_REQUIRE(op, tile >= 0 && tile < kTileCount, "tile must be 0..%d, got %d", kTileCount - 1, tile);
+    CYDNN_REQUIRE(op, channels != nullptr && reductions != nullptr && threads != nullptr && splits != nullptr,
+                  "a pointer is NULL");
+    *channels = kTiles[tile].bo;
+    *reductions = kTiles[tile].br;
+    *threads = (kTiles[tile].bo / 4) * (kTiles[tile].br / 4);
+    *splits = kTiles[tile].splits;
+    return CYDNN_STATUS_SUCCESS;
+}

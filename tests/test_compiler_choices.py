@@ -1,5 +1,6 @@
 """The compiler's timed choices, on the CPU with the timings given: the executor's fastest way of a convolution
-(executor._fastest: the fastest kept, a way that raises dropped, $CYDNN_CONV's forcing) and the inference's
+(executor._fastest: the fastest kept, a way that raises dropped, $CYDNN_CONV's forcing); the steps that bind it, with
+the library calls faked (a linear layer's forward and dx, a convolution's dx then dw); and the inference's
 choice of the fused network against the plan, with the second timing of a kernel generated for the network where
 the plan won the first (fused_choice.FusedChoice: GENERATED_HOPE)."""
 import numpy as np
@@ -169,3 +170,110 @@ def test_a_refused_kernel_leaves_the_plan_without_a_second_timing(monkeypatch):
 def test_generation_switched_off_hopes_for_nothing(monkeypatch):
     choice = _choice("off", FIRST, monkeypatch)
     assert choice.clusters[1] is None and not choice.hoped
+
+
+# ------------------------------------------------- the steps' timed choices, with the library calls faked
+class _Arr:
+    """What the executor reads of a bound array: its shape."""
+
+    def __init__(self, *shape):
+        self.shape = shape
+
+
+@pytest.fixture
+def faked(monkeypatch):
+    """executor._C's calls replaced by recorders; the fake timer charges a call by the way it recorded
+    (``costs[way]`` seconds, a way being e.g. ("tile", 1) or ("bwd", dx_tile, dw_tile))."""
+    calls, costs = [], {}
+
+    def record(way):
+        calls.append(way)
+
+    def fake_time_replayed(fn):
+        fn()
+        return costs[calls[-1]]
+    monkeypatch.setattr(executor, "time_replayed", fake_time_replayed)
+    monkeypatch.setattr(executor._C, "skinny_gemm_tiles", lambda: [(64, 64, 256, 1), (16, 64, 64, 16)])
+    monkeypatch.setattr(executor._C, "igemm_conv_tiles", lambda: [(64, 64, 256, 16, 1)])
+    monkeypatch.setattr(executor._C, "conv_wgrad_tiles", lambda: [(32, 32, 64, 32), (32, 64, 128, 16)])
+    monkeypatch.setattr(executor._C, "linear_forward", lambda *a: record(("library",)))
+    monkeypatch.setattr(executor._C, "skinny_gemm", lambda *a: record(("tile", a[-1])))
+    monkeypatch.setattr(executor._C, "linear_backward", lambda *a: record(("bwd",) + (a[6:] or (-1,))))
+    monkeypatch.setattr(executor._C, "conv_backward",
+                        lambda *a: record(("conv",) + tuple(a[8:]) + (-1,) * (2 - len(a[8:]))))
+    monkeypatch.delenv("CYDNN_LINEAR", raising=False)
+    monkeypatch.delenv("CYDNN_CONV", raising=False)
+    return calls, costs
+
+
+def _linear_step(kind, dx=True):
+    from cydnn.compiler.ir import Step
+    from cydnn.compiler.lower import GEMM
+    if kind == "linear_forward":
+        return Step(kind, "fc forward", ("x", "w", "bias"), ("y",), (GEMM,), {"bias": "bias", "act": 1})
+    return Step(kind, "fc backward", ("x", "w", "dy"), (("dx",) if dx else ()) + ("dw",), (GEMM,) * (2 if dx else 1),
+                {"dx": "dx" if dx else None, "dw": "dw"})
+
+
+def test_a_linear_forward_binds_its_fastest_way_and_names_its_kernels(faked, monkeypatch):
+    from cydnn.compiler.lower import GEMM, skinny_gemm_kernel
+    calls, costs = faked
+    costs.update({("library",): 3e-6, ("tile", 0): 4e-6, ("tile", 1): 1e-6})
+    b = {"x": _Arr(64, 784), "w": _Arr(1024, 784), "bias": _Arr(1024), "y": _Arr(64, 1024)}
+    s = _linear_step("linear_forward")
+    fn, args = executor.DISPATCH["linear_forward"](b, s)
+    calls.clear()
+    fn(*args)
+    assert calls == [("tile", 1)]                                  # the bound call is the fastest way
+    assert s.kernels == skinny_gemm_kernel((16, 64, 64, 16))
+    assert s.args["timed_us"] == {"library": 3.0, "skinny64x64s1": 4.0, "skinny16x64s16": 1.0}
+    monkeypatch.setenv("CYDNN_LINEAR", "library")                  # forced: the library, though slower
+    s = _linear_step("linear_forward")
+    fn, args = executor.DISPATCH["linear_forward"](b, s)
+    calls.clear()
+    fn(*args)
+    assert calls == [("library",)] and s.kernels == (GEMM,)
+
+
+def test_a_linear_backward_binds_dx_on_its_fastest_way_beside_the_library_dw(faked):
+    from cydnn.compiler.lower import GEMM, skinny_gemm_kernel
+    calls, costs = faked
+    costs.update({("bwd", -1): 5e-6, ("bwd", 0): 3e-6, ("bwd", 1): 4e-6})
+    b = {"x": _Arr(64, 1024), "w": _Arr(1024, 1024), "dy": _Arr(64, 1024), "dx": _Arr(64, 1024),
+         "dw": _Arr(1024, 1024)}
+    s = _linear_step("linear_backward")
+    fn, args = executor.DISPATCH["linear_backward"](b, s)
+    assert args[-1] == 0 and s.kernels == skinny_gemm_kernel((64, 64, 256, 1)) + (GEMM,)
+    calls.clear()
+    s = _linear_step("linear_backward", dx=False)                  # no dx: nothing to choose, nothing timed
+    fn, args = executor.DISPATCH["linear_backward"](b, s)
+    assert calls == [] and len(args) == 6 and s.kernels == (GEMM,) and "timed_us" not in s.args
+
+
+def test_a_convolutions_backward_chooses_dx_then_dw_beside_it(faked):
+    from cydnn.compiler.ir import Step
+    from cydnn.compiler.lower import (CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, conv_igemm_kernel,
+                                      conv_wgrad_kernel)
+    calls, costs = faked
+    # dx: the tile wins (2 < 5); dw, timed with that dx: wgrad32x64s16 wins (1 < 2 < 3)
+    costs.update({("conv", -1, -1): 5e-6, ("conv", 0, -1): 2e-6, ("conv", 0, 0): 3e-6, ("conv", 0, 1): 1e-6})
+    b = {"x": _Arr(64, 24, 16, 16), "w": _Arr(48, 24, 3, 3), "dy": _Arr(64, 48, 16, 16), "dx": _Arr(64, 24, 16, 16),
+         "dw": _Arr(48, 24, 3, 3)}
+
+    def step(stride):
+        return Step("conv_backward", "conv2 backward", ("x", "w", "dy"), ("dx", "dw"),
+                    (CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER), {"dx": "dx", "dw": "dw", "stride": stride,
+                                                                 "padding": (1, 1)})
+    s = step((1, 1))
+    fn, args = executor.DISPATCH["conv_backward"](b, s)
+    assert args[-2:] == (0, 1)
+    assert s.kernels == conv_igemm_kernel((64, 64, 256, 16, 1)) + conv_wgrad_kernel((32, 64, 128, 16))
+    assert s.args["timed_us"] == {"library": 5.0, "igemm64x64k16": 2.0, "dw library": 2.0, "wgrad32x32s32": 3.0,
+                                  "wgrad32x64s16": 1.0}
+    # stride 2: dx stays cuDNN's (no choice), dw is still chosen; the library winning keeps cuDNN's kernels
+    costs.update({("conv", -1, -1): 1e-6, ("conv", -1, 0): 2e-6, ("conv", -1, 1): 3e-6})
+    b["dx"], b["dy"] = _Arr(64, 24, 16, 16), _Arr(64, 48, 8, 8)
+    s = step((2, 2))
+    fn, args = executor.DISPATCH["conv_backward"](b, s)
+    assert args[-2:] == (-1, -1) and s.kernels == (CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER)
+    assert set(s.args["timed_us"]) == {"dw library", "wgrad32x32s32", "wgrad32x64s16"}

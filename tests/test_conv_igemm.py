@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 import cydnn
-from cydnn import _C, nn, ops, optim
+from cydnn import _C, ops
 from cydnn.compiler.lower import conv_igemm_name
 from cydnn.errors import CydnnError
+
+from compiled_ref import inference_against_the_per_op_path, one_step_against_the_per_op_path, small_cnn
 
 gpu = pytest.mark.gpu
 
@@ -166,22 +168,12 @@ def test_a_split_reduction_beyond_the_workspace_limit_is_refused_and_the_compile
         cydnn.cuda.set_workspace_limit(limit)
 
 
-def _cnn(rng=0):
-    return nn.Sequential(nn.Conv2d(3, 24, 3, padding=1, rng=rng), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(24, 48, 3, padding=1, rng=rng), nn.LeakyReLU(0.1), nn.MaxPool2d(2),
-                         nn.Conv2d(48, 40, 3, stride=2, padding=1, rng=rng), nn.Tanh(), nn.Flatten(),
-                         nn.Linear(640, 10, rng=rng))
-
-
 @gpu
 @pytest.mark.parametrize("n", [1, 64])
 def test_the_compiled_inference_on_the_implicit_gemm_gives_the_reference(monkeypatch, n):
     monkeypatch.setenv("CYDNN_CONV", "igemm")
-    model = _cnn().to("cuda").eval()
     x = np.random.default_rng(4).standard_normal((n, 3, 32, 32)).astype(np.float32)
-    want = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
-    infer = cydnn.compile(model, input_shape=(3, 32, 32), fused_net="off")
-    np.testing.assert_allclose(infer(x), want, rtol=1e-4, atol=1e-5)
+    infer = inference_against_the_per_op_path(small_cnn, x, rtol=1e-4, atol=1e-5)
     kernels = [step.kernels for step in infer._runners[n].plan.steps if step.kind == "conv_bias_act"]
     assert len(kernels) == 3 and all(k[0].startswith("igemm_conv_kernel<") for k in kernels), kernels
     assert "igemm_conv_kernel<" in infer.explain(n)
@@ -194,17 +186,7 @@ def test_a_training_step_on_the_implicit_gemm_gives_the_reference_gradients(monk
     monkeypatch.setenv("CYDNN_CONV", "igemm")
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((32, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 32)
-    ref = _cnn().to("cuda")
-    loss_fn = nn.CrossEntropyLoss()
-    want = float(ops.cuda.to_numpy(loss_fn(ref(ops.cuda.asarray(x)), y)))
-    ref.backward(loss_fn.backward(), input_grad=False)
-    model = _cnn().to("cuda")
-    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=32, fused=False)
-    assert float(step(x, y)) == pytest.approx(want, rel=1e-5)
-    for (name, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
-        got, exp = a.grad.numpy(), b.grad.numpy()
-        np.testing.assert_allclose(got, exp, rtol=0, atol=1e-5 * np.abs(exp).max(), err_msg=name)
-    text = step.explain()
+    text = one_step_against_the_per_op_path(small_cnn, x, y).explain()
     backward = [line for line in text.splitlines() if " conv_backward " in line]
     assert len(backward) == 3
     assert sum("igemm_conv_kernel<" in line for line in backward) == 1, backward     # conv2 only (conv1: no dx)

@@ -5,11 +5,12 @@ beside it and with cuDNN's bias gradient; the same bits every run; its refusals;
 import numpy as np
 import pytest
 
-import cydnn
-from cydnn import _C, nn, ops, optim
+from cydnn import _C, ops
 from cydnn.compiler import executor
 from cydnn.compiler.lower import conv_wgrad_name
 from cydnn.errors import CydnnError
+
+from compiled_ref import one_step_against_the_per_op_path, small_cnn
 
 gpu = pytest.mark.gpu
 
@@ -127,13 +128,6 @@ def test_bad_arguments_are_refused_before_any_gpu_work():
                          len(_C.conv_wgrad_tiles()))
 
 
-def _cnn(rng=0):
-    return nn.Sequential(nn.Conv2d(3, 24, 3, padding=1, rng=rng), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Conv2d(24, 48, 3, padding=1, rng=rng), nn.LeakyReLU(0.1), nn.MaxPool2d(2),
-                         nn.Conv2d(48, 40, 3, stride=2, padding=1, rng=rng), nn.Tanh(), nn.Flatten(),
-                         nn.Linear(640, 10, rng=rng))
-
-
 @gpu
 def test_a_training_step_on_the_filter_gradient_tiles_gives_the_reference_gradients(monkeypatch):
     """Forced: every convolution's filter gradient on a tile (the first without dx, the stride-2 one beside cuDNN's
@@ -141,15 +135,6 @@ def test_a_training_step_on_the_filter_gradient_tiles_gives_the_reference_gradie
     monkeypatch.setenv("CYDNN_CONV", "wgrad")
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((32, 3, 32, 32)).astype(np.float32), rng.integers(0, 10, 32)
-    ref = _cnn().to("cuda")
-    loss_fn = nn.CrossEntropyLoss()
-    want = float(ops.cuda.to_numpy(loss_fn(ref(ops.cuda.asarray(x)), y)))
-    ref.backward(loss_fn.backward(), input_grad=False)
-    model = _cnn().to("cuda")
-    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=32, fused=False)
-    assert float(step(x, y)) == pytest.approx(want, rel=1e-5)
-    for (name, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
-        got, exp = a.grad.numpy(), b.grad.numpy()
-        np.testing.assert_allclose(got, exp, rtol=0, atol=1e-5 * np.abs(exp).max(), err_msg=name)
+    step = one_step_against_the_per_op_path(small_cnn, x, y)
     backward = [line for line in step.explain().splitlines() if " conv_backward " in line]
     assert len(backward) == 3 and all("wgrad_kernel<" in line for line in backward), backward

@@ -6,11 +6,12 @@ path."""
 import numpy as np
 import pytest
 
-import cydnn
-from cydnn import _C, nn, ops, optim
+from cydnn import _C, nn, ops
 from cydnn.compiler import executor
 from cydnn.compiler.lower import skinny_gemm_name
 from cydnn.errors import CydnnError
+
+from compiled_ref import inference_against_the_per_op_path, one_step_against_the_per_op_path
 
 gpu = pytest.mark.gpu
 
@@ -156,11 +157,8 @@ def _mlp(rng=0):
 @pytest.mark.parametrize("n", [1, 64])
 def test_the_compiled_inference_on_the_tiles_gives_the_reference(monkeypatch, n):
     monkeypatch.setenv("CYDNN_LINEAR", "skinny")
-    model = _mlp().to("cuda").eval()
     x = np.random.default_rng(4).standard_normal((n, 1, 28, 28)).astype(np.float32)
-    want = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
-    infer = cydnn.compile(model, input_shape=(1, 28, 28), fused_net="off")
-    np.testing.assert_allclose(infer(x), want, rtol=1e-5, atol=1e-5)
+    infer = inference_against_the_per_op_path(_mlp, x, rtol=1e-5, atol=1e-5)
     kernels = [step.kernels for step in infer._runners[n].plan.steps if step.kind == "linear_forward"]
     assert len(kernels) == 3 and all(k[0].startswith("skinny_gemm_kernel<") for k in kernels), kernels
     assert "skinny_gemm_kernel<" in infer.explain(n)
@@ -173,16 +171,6 @@ def test_a_training_step_on_the_tiles_gives_the_reference_gradients(monkeypatch)
     monkeypatch.setenv("CYDNN_LINEAR", "skinny")
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((64, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 64)
-    ref = _mlp().to("cuda")
-    loss_fn = nn.CrossEntropyLoss()
-    want = float(ops.cuda.to_numpy(loss_fn(ref(ops.cuda.asarray(x)), y)))
-    ref.backward(loss_fn.backward(), input_grad=False)
-    model = _mlp().to("cuda")
-    step = cydnn.compile(model, optim.SGD(model.parameters(), lr=0.0), batch_size=64, fused=False)
-    assert float(step(x, y)) == pytest.approx(want, rel=1e-5)
-    for (name, a), (_, b) in zip(model.named_parameters(), ref.named_parameters()):
-        got, exp = a.grad.numpy(), b.grad.numpy()
-        np.testing.assert_allclose(got, exp, rtol=0, atol=1e-5 * np.abs(exp).max(), err_msg=name)
-    lines = step.explain().splitlines()
+    lines = one_step_against_the_per_op_path(_mlp, x, y).explain().splitlines()
     assert sum("skinny_gemm_kernel<" in line for line in lines if " linear_forward " in line) == 3
     assert sum("skinny_gemm_kernel<" in line for line in lines if " linear_backward " in line) == 2

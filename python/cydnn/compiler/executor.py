@@ -23,7 +23,7 @@ import numpy as np
 from .. import _C
 from ..errors import CydnnError
 from .ir import ARENA_ROLES
-from .lower import (CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, conv_igemm_kernel, conv_igemm_name,
+from .lower import (CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, GEMM, conv_igemm_kernel, conv_igemm_name,
                     conv_wgrad_kernel, conv_wgrad_name, skinny_gemm_kernel, skinny_gemm_name)
 
 __all__ = ["Bound", "DISPATCH"]
@@ -129,6 +129,16 @@ def _fastest(candidates, forced=None):
     raise RuntimeError("no way of the step ran")
 
 
+def _choose(s, candidates, kernels, env):
+    """The fastest of ``candidates`` (:func:`_fastest`, ``$env`` forcing a way), recorded on step ``s``: the ways'
+    timings (``timed_us``, where more than one ran) and the kernels the chosen way launches.  Returns its name."""
+    chosen, timed = _fastest(candidates, os.environ.get(env))
+    if len(timed) > 1:
+        s.args["timed_us"] = timed
+    s.kernels = kernels[chosen]
+    return chosen
+
+
 def _conv_forward(b, s):
     """The fastest, on these buffers and replayed as the plan's graph replays it, of cuDNN's convolution (+ the
     epilogue kernel, for a conv_bias_act step), the direct kernel (conv_bias_act), and the implicit-GEMM kernel's
@@ -159,11 +169,7 @@ def _conv_forward(b, s):
     for i, t in igemm_tiles(c):
         name = conv_igemm_name(t)
         candidates[name], kernels[name] = igemm(i), conv_igemm_kernel(t)
-    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_CONV"))
-    if len(timed) > 1:
-        s.args["timed_us"] = timed
-    s.kernels = kernels[chosen]
-    return candidates[chosen], ()
+    return candidates[_choose(s, candidates, kernels, "CYDNN_CONV")], ()
 
 
 def wgrad_tiles(out_channels, pixels):
@@ -226,11 +232,7 @@ def _linear_forward(b, s):
         name = skinny_gemm_name(t)
         candidates[name] = lambda tile=i: _C.skinny_gemm(x, w, bias, y, False, act, 0.0, tile)
         kernels[name] = skinny_gemm_kernel(t)
-    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_LINEAR"))
-    if len(timed) > 1:
-        s.args["timed_us"] = timed
-    s.kernels = kernels[chosen]
-    return candidates[chosen], ()
+    return candidates[_choose(s, candidates, kernels, "CYDNN_LINEAR")], ()
 
 
 def _linear_backward(b, s):
@@ -242,17 +244,12 @@ def _linear_backward(b, s):
     if dx is None:
         return _C.linear_backward, args
     candidates = {"library": lambda: _C.linear_backward(*args)}
-    tiles = {"library": (-1, None)}
+    tiles, kernels = {"library": -1}, {"library": (GEMM, GEMM)}
     for i, t in skinny_tiles(dx.shape[0], dx.shape[1], dy.shape[1]):
         name = skinny_gemm_name(t)
-        candidates[name], tiles[name] = (lambda tile=i: _C.linear_backward(*args, tile)), (i, t)
-    chosen, timed = _fastest(candidates, os.environ.get("CYDNN_LINEAR"))
-    if len(timed) > 1:
-        s.args["timed_us"] = timed
-    tile, shape = tiles[chosen]
-    if tile >= 0:
-        s.kernels = skinny_gemm_kernel(shape) + s.kernels[-1:]          # dx's kernel, then dw's product
-    return _C.linear_backward, args + (tile,)
+        candidates[name] = lambda tile=i: _C.linear_backward(*args, tile)
+        tiles[name], kernels[name] = i, skinny_gemm_kernel(t) + (GEMM,)     # dx's kernel, then dw's product
+    return _C.linear_backward, args + (tiles[_choose(s, candidates, kernels, "CYDNN_LINEAR")],)
 
 
 #: step kind -> function(bound arrays, step) -> (library function, its arguments)

@@ -71,7 +71,7 @@ def skinny_gemm_name(tile):
 LR_TABLE = 4096     # learning rates the device table holds; longer epochs upload it in chunks (step j at j % LR_TABLE)
 #: cuBLASLt, one timed algorithm per shape (cpp/linear.cu); a linear layer's bias, and a ReLU after it, are its
 #: epilogue; in backward the weight gradient's product runs on a second stream beside the input gradient's
-_GEMM = "cublasLtMatmul"
+GEMM = "cublasLtMatmul"
 LT_EPILOGUE_ACTS = (0, ACTIVATIONS["relu"])
 
 
@@ -164,10 +164,10 @@ def _forward(plan, i, group, src, dst, training):
                      stride=node.attrs["stride"], padding=node.attrs["padding"])
         elif act in LT_EPILOGUE_ACTS:
             plan.add("linear_forward", f"{name} forward" + (f" + {what}" if what else ""),
-                     (src, w) + ((bias,) if bias else ()), (dst,), (_GEMM,), bias=bias, act=act)
+                     (src, w) + ((bias,) if bias else ()), (dst,), (GEMM,), bias=bias, act=act)
             return
         else:
-            plan.add("linear_forward", f"{name} forward", (src, w), (dst,), (_GEMM,))
+            plan.add("linear_forward", f"{name} forward", (src, w), (dst,), (GEMM,))
         if bias or act:
             plan.add("bias_act_forward", f"{name} {what}", (dst,) + ((bias,) if bias else ()), (dst,),
                      ("bias_act_forward_kernel",), act=act, slope=slope)
@@ -218,9 +218,9 @@ def _folded_forward(plan, i, group, src, dst):
                  stride=node.attrs["stride"], padding=node.attrs["padding"], bias=bf, act=act, slope=slope)
         return
     if act in LT_EPILOGUE_ACTS:
-        plan.add("linear_forward", f"{node.name} forward + {what}", (src, wf, bf), (dst,), (_GEMM,), bias=bf, act=act)
+        plan.add("linear_forward", f"{node.name} forward + {what}", (src, wf, bf), (dst,), (GEMM,), bias=bf, act=act)
         return
-    plan.add("linear_forward", f"{node.name} forward", (src, wf), (dst,), (_GEMM,))
+    plan.add("linear_forward", f"{node.name} forward", (src, wf), (dst,), (GEMM,))
     plan.add("bias_act_forward", f"{node.name} {what}", (dst, bf), (dst,), ("bias_act_forward_kernel",),
              act=act, slope=slope)
 
@@ -249,7 +249,7 @@ def _backward(plan, i, group, x, y, dy, dx):
             plan.add("conv_backward", f"{name} backward", (x, w, dy), ((dx,) if dx else ()) + ("d:" + w,),
                      kernels, stride=node.attrs["stride"], padding=node.attrs["padding"], dx=dx, dw="d:" + w)
         else:
-            kernels = ((_GEMM,) if dx else ()) + (_GEMM,)
+            kernels = ((GEMM,) if dx else ()) + (GEMM,)
             plan.add("linear_backward", f"{name} backward", (x, w, dy), ((dx,) if dx else ()) + ("d:" + w,),
                      kernels, dx=dx, dw="d:" + w)
     elif op == "batch_norm":    # compiled_norm.cu: the activation's derivative folded into the sums and dx

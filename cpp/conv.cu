@@ -5,7 +5,8 @@
 //   dweight = conv_backward_filter(x, dy)
 //   dbias[k] = sum of dy over n, oh, ow
 //   conv_backward: all three, the filter and bias gradients on the second stream beside dx
-//                  (dx by cuDNN, or by an implicit-GEMM tile of conv_igemm.cu: cydnn_conv_backward_ex)
+//                  (dx by cuDNN or by an implicit-GEMM tile of conv_igemm.cu, dw by cuDNN or by a tile of
+//                  conv_wgrad.cu: cydnn_conv_backward_tiles)
 //
 // Cross-correlation (no kernel flip), as PyTorch.  Each op gets the geometry's
 // ConvPlan (descriptors, and per direction the algorithm cuDNN measured to be
@@ -108,13 +109,20 @@ cydnnStatus_t data_gradient(cudnnHandle_t h, ConvPlan *plan, const float *weight
     return CYDNN_STATUS_SUCCESS;
 }
 
-// The filter gradient (and the bias gradient where asked) with handle h and workspace ws.
-cydnnStatus_t filter_and_bias(cudnnHandle_t h, ConvPlan *plan, const float *x, const float *dy, float *dweight,
-                              float *dbias, void *ws, const char *op) {
-    CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
-    CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(h, &kOne, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
-                                                   plan->bwd_filter_algo, ws, plan->bwd_filter_workspace, &kZero,
-                                                   plan->w_desc, dweight));
+// The filter gradient (cuDNN's with workspace ws, or conv_wgrad.cu's tile dw_tile >= 0) and the bias gradient where
+// asked, on the context's stream (side 0) or the second one (side 1), with that stream's cuDNN handle and workspace.
+cydnnStatus_t filter_and_bias(cydnnContext *ctx, int side, ConvPlan *plan, const cydnnConvGeometry *g, const float *x,
+                              const float *dy, float *dweight, float *dbias, int dw_tile, void *ws, const char *op) {
+    cudnnHandle_t h = side ? ctx->cudnn_side : ctx->cudnn;
+    if (dw_tile >= 0) {
+        CYDNN_TRY(cydnn::conv_wgrad(ctx, g, x, dy, dweight, dw_tile, side ? ctx->side : ctx->stream,
+                                    side ? cydnn::kSideWorkspace : cydnn::kMainWorkspace, op));
+    } else {
+        CYDNN_TRY(use_math(plan, plan->bwd_filter_math, op));
+        CYDNN_CUDNN(op, cudnnConvolutionBackwardFilter(h, &kOne, plan->x_desc, x, plan->y_desc, dy, plan->conv_desc,
+                                                       plan->bwd_filter_algo, ws, plan->bwd_filter_workspace, &kZero,
+                                                       plan->w_desc, dweight));
+    }
     if (dbias != nullptr)
         CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(h, &kOne, plan->y_desc, dy, &kZero, plan->bias_desc, dbias));
     return CYDNN_STATUS_SUCCESS;
@@ -153,7 +161,7 @@ cydnnStatus_t conv_backward_filter(cydnnContext *ctx, const cydnnConvGeometry *g
 
     void *ws = nullptr;
     CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
-    return filter_and_bias(ctx->cudnn, plan, x, dy, dweight, nullptr, ws, op);
+    return filter_and_bias(ctx, 0, plan, g, x, dy, dweight, nullptr, -1, ws, op);
 }
 
 cydnnStatus_t conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy,
@@ -211,16 +219,9 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
         CYDNN_TRY(find_backward_data(ctx, plan, dy, weight, dx, op));
     if (dw_tile < 0 && !plan->bwd_filter_found) CYDNN_TRY(find_backward_filter(ctx, plan, x, dy, dweight, op));
     if (dx == nullptr) {
-        if (dw_tile >= 0) {
-            CYDNN_TRY(cydnn::conv_wgrad(ctx, g, x, dy, dweight, dw_tile, ctx->stream, cydnn::kMainWorkspace, op));
-            if (dbias != nullptr)
-                CYDNN_CUDNN(op, cudnnConvolutionBackwardBias(ctx->cudnn, &kOne, plan->y_desc, dy, &kZero,
-                                                             plan->bias_desc, dbias));
-            return CYDNN_STATUS_SUCCESS;
-        }
         void *ws = nullptr;
-        CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
-        return filter_and_bias(ctx->cudnn, plan, x, dy, dweight, dbias, ws, op);
+        if (dw_tile < 0) CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws, op));
+        return filter_and_bias(ctx, 0, plan, g, x, dy, dweight, dbias, dw_tile, ws, op);
     }
     CYDNN_TRY(side_cudnn(ctx, op));
     void *ws_data = nullptr, *ws_filter = nullptr;
@@ -228,17 +229,7 @@ cydnnStatus_t conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const
     if (dw_tile < 0)
         CYDNN_TRY(cydnn::get_workspace(ctx, plan->bwd_filter_workspace, &ws_filter, op, cydnn::kSideWorkspace));
     CYDNN_TRY(cydnn::fork_side(ctx, op));
-    cydnnStatus_t side = CYDNN_STATUS_SUCCESS;
-    if (dw_tile < 0) {
-        side = filter_and_bias(ctx->cudnn_side, plan, x, dy, dweight, dbias, ws_filter, op);
-    } else {
-        side = cydnn::conv_wgrad(ctx, g, x, dy, dweight, dw_tile, ctx->side, cydnn::kSideWorkspace, op);
-        if (side == CYDNN_STATUS_SUCCESS && dbias != nullptr) {
-            const cudnnStatus_t e = cudnnConvolutionBackwardBias(ctx->cudnn_side, &kOne, plan->y_desc, dy, &kZero,
-                                                                 plan->bias_desc, dbias);
-            if (e != CUDNN_STATUS_SUCCESS) side = cydnn::cudnn_failure(e, op, "cudnnConvolutionBackwardBias");
-        }
-    }
+    const cydnnStatus_t side = filter_and_bias(ctx, 1, plan, g, x, dy, dweight, dbias, dw_tile, ws_filter, op);
     const cydnnStatus_t main = dx_tile < 0 ? data_gradient(ctx->cudnn, plan, weight, dy, dx, ws_data, op)
                                            : cydnn::igemm_data_gradient(ctx, g, dy, weight, dx, dx_tile, op);
     CYDNN_TRY(cydnn::join_side(ctx, op));
@@ -296,12 +287,6 @@ cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g,
                                   const float *weight, const float *dy, float *dx, float *dweight,
                                   float *dbias) {
     return cydnn_conv_backward_tiles(ctx, g, x, weight, dy, dx, dweight, dbias, -1, -1);
-}
-
-cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
-                                     const float *weight, const float *dy, float *dx, float *dweight,
-                                     float *dbias, int dx_tile) {
-    return cydnn_conv_backward_tiles(ctx, g, x, weight, dy, dx, dweight, dbias, dx_tile, -1);
 }
 
 cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,

@@ -297,7 +297,7 @@ cydnnStatus_t check(const char *op, const cydnnConvGeometry *g, int tile, int oh
 
 namespace cydnn {
 
-// dx of a stride-1 convolution by tile `tile` (conv.cu's cydnn_conv_backward_ex, on the context's stream).
+// dx of a stride-1 convolution by tile `tile` (conv.cu's cydnn_conv_backward_tiles, on the context's stream).
 cydnnStatus_t igemm_data_gradient(cydnnContext *ctx, const cydnnConvGeometry *g, const float *dy, const float *w,
                                   float *dx, int tile, const char *op) {
     CYDNN_TRY(cydnn::conv::check_geometry(op, g));

@@ -183,12 +183,8 @@ cydnnStatus_t cydnn_conv_backward_bias(cydnnContext *ctx, const cydnnConvGeometr
 cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                   const float *weight, const float *dy, float *dx, float *dweight,
                                   float *dbias);
-/* The same with dx (stride 1) by the implicit-GEMM kernel's tile dx_tile (below) where dx_tile >= 0,
- * cuDNN where it is -1.  The filter and bias gradients are cuDNN's either way. */
-cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
-                                     const float *weight, const float *dy, float *dx, float *dweight,
-                                     float *dbias, int dx_tile);
-/* The same with the filter gradient by conv_wgrad.cu's tile dw_tile (below) where dw_tile >= 0 (the bias
+/* The same with dx (stride 1) by the implicit-GEMM kernel's tile dx_tile (below) where dx_tile >= 0, and the
+ * filter gradient by conv_wgrad.cu's tile dw_tile (below) where dw_tile >= 0; cuDNN where a tile is -1 (the bias
  * gradient stays cuDNN's). */
 cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                         const float *weight, const float *dy, float *dx, float *dweight,

@@ -83,9 +83,6 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_conv_backward(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                       const float *weight, const float *dy, float *dx, float *dweight,
                                       float *dbias)
-    cydnnStatus_t cydnn_conv_backward_ex(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
-                                         const float *weight, const float *dy, float *dx, float *dweight,
-                                         float *dbias, int dx_tile)
     cydnnStatus_t cydnn_conv_backward_tiles(cydnnContext *ctx, const cydnnConvGeometry *g, const float *x,
                                             const float *weight, const float *dy, float *dx, float *dweight,
                                             float *dbias, int dx_tile, int dw_tile)

@@ -151,20 +151,22 @@ def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not
                                 f32(b_out, "b_out")), "fold_batch_norm")
 
 
-def _conv_shapes(str op, DeviceArray x, DeviceArray w, DeviceArray b, DeviceArray y, tuple stride, tuple padding):
-    """Refuse, before any GPU work, arrays that do not make the convolution y = conv(x, w) + b."""
+def _conv_shapes(str op, DeviceArray x, DeviceArray w, DeviceArray b, DeviceArray y, tuple stride, tuple padding,
+                 str y_name="y", str b_name="b"):
+    """Refuse, before any GPU work, arrays that do not make the convolution y = conv(x, w) + b (named y_name and
+    b_name in the message: dy and db for the backward)."""
     if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4:
-        raise ValueError(f"{op}: x, w and y must be 4-D, got {x.shape}, {w.shape}, {y.shape}")
+        raise ValueError(f"{op}: x, w and {y_name} must be 4-D, got {x.shape}, {w.shape}, {y.shape}")
     if len(stride) != 2 or len(padding) != 2 or min(stride) < 1 or min(padding) < 0:
         raise ValueError(f"{op}: stride {stride} must be two ints >= 1 and padding {padding} two ints >= 0")
     oh = (x.shape[2] + 2 * padding[0] - w.shape[2]) // stride[0] + 1
     ow = (x.shape[3] + 2 * padding[1] - w.shape[3]) // stride[1] + 1
     want = (x.shape[0], w.shape[0], oh, ow)
     if w.shape[1] != x.shape[1] or tuple(y.shape) != want:
-        raise ValueError(f"{op}: x {x.shape} and w {w.shape} (stride {stride}, padding {padding}) make y "
-                         f"{want} with w.shape[1] == x.shape[1], got y {y.shape}")
+        raise ValueError(f"{op}: x {x.shape} and w {w.shape} (stride {stride}, padding {padding}) make {y_name} "
+                         f"{want} with w.shape[1] == x.shape[1], got {y_name} {y.shape}")
     if b is not None and tuple(b.shape) != (w.shape[0],):
-        raise ValueError(f"{op}: b must have shape ({w.shape[0]},), got {b.shape}")
+        raise ValueError(f"{op}: {b_name} must have shape ({w.shape[0]},), got {b.shape}")
 
 
 def direct_conv_forward(DeviceArray x not None, DeviceArray w not None, DeviceArray b, DeviceArray y not None,

@@ -47,30 +47,13 @@ def conv_backward(DeviceArray x not None, DeviceArray w not None, DeviceArray dy
     with dx asked, dw and db are computed on the second stream beside it (cpp/conv.cu).  dx_tile >= 0: dx
     by that tile of the implicit-GEMM kernel (stride 1; cpp/conv_igemm.cu) instead of cuDNN; dw_tile >= 0: dw
     by that tile of cpp/conv_wgrad.cu."""
-    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
-    _conv_backward_shapes(x, w, dy, dx, dw, db, stride, padding)
-    check(cydnn_conv_backward_tiles(ctx(), &g, f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
-                                    f32(dw, "dw"), f32_or_null(db, "db"), dx_tile, dw_tile), "conv_backward")
-
-
-def _conv_backward_shapes(DeviceArray x, DeviceArray w, DeviceArray dy, DeviceArray dx, DeviceArray dw,
-                          DeviceArray db, tuple stride, tuple padding):
-    """Refuse, before any GPU work, gradients whose shapes do not match the convolution's."""
-    if len(x.shape) != 4 or len(w.shape) != 4 or len(dy.shape) != 4:
-        raise ValueError(f"conv_backward: x, w and dy must be 4-D, got {x.shape}, {w.shape}, {dy.shape}")
-    if len(stride) != 2 or len(padding) != 2 or min(stride) < 1 or min(padding) < 0:
-        raise ValueError(f"conv_backward: stride {stride} must be two ints >= 1 and padding {padding} two ints >= 0")
-    oh = (x.shape[2] + 2 * padding[0] - w.shape[2]) // stride[0] + 1
-    ow = (x.shape[3] + 2 * padding[1] - w.shape[3]) // stride[1] + 1
-    want = (x.shape[0], w.shape[0], oh, ow)
-    if w.shape[1] != x.shape[1] or tuple(dy.shape) != want:
-        raise ValueError(f"conv_backward: x {x.shape} and w {w.shape} (stride {stride}, padding {padding}) make dy "
-                         f"{want} with w.shape[1] == x.shape[1], got dy {dy.shape}")
+    _conv_shapes("conv_backward", x, w, db, dy, stride, padding, "dy", "db")
     if tuple(dw.shape) != tuple(w.shape) or (dx is not None and tuple(dx.shape) != tuple(x.shape)):
         raise ValueError(f"conv_backward: dw must have w's shape {w.shape} and dx x's shape {x.shape}, got dw "
                          f"{dw.shape}, dx {None if dx is None else dx.shape}")
-    if db is not None and tuple(db.shape) != (w.shape[0],):
-        raise ValueError(f"conv_backward: db must have shape ({w.shape[0]},), got {db.shape}")
+    cdef cydnnConvGeometry g = conv_geometry(x.shape, w.shape, stride, padding)
+    check(cydnn_conv_backward_tiles(ctx(), &g, f32(x, "x"), f32(w, "w"), f32(dy, "dy"), f32_or_null(dx, "dx"),
+                                    f32(dw, "dw"), f32_or_null(db, "db"), dx_tile, dw_tile), "conv_backward")
 
 
 # ------------------------------------------------------------------- pooling

@@ -83,13 +83,18 @@ def time_replayed(fn, calls=TUNE_CALLS):
     return (time.perf_counter() - t0) / calls
 
 
+def _not_too_wide(tiles, i, n):
+    """The (index, tile) pairs of ``tiles`` whose extent ``tile[i]`` is under twice ``n`` (beyond, most of a block's
+    work would be padding), and those of the least extent, which are always kept."""
+    least = min(t[i] for _, t in tiles)
+    return [(k, t) for k, t in tiles if t[i] == least or t[i] < 2 * n]
+
+
 def igemm_tiles(out_channels):
     """The implicit-GEMM convolution's tiles worth timing for a layer of ``out_channels`` output channels:
-    (index, (rows, channels, threads, chunk, splits)) of those whose channels are not more than twice as many (beyond, most
-    of a block's work would be padding) -- the narrowest is always kept."""
-    tiles = list(enumerate(_C.igemm_conv_tiles()))
-    narrowest = min(t[1] for _, t in tiles)
-    return [(i, t) for i, t in tiles if t[1] == narrowest or t[1] < 2 * out_channels]
+    (index, (rows, channels, threads, chunk, splits)) of those whose channels are not more than twice as many (the
+    narrowest always kept)."""
+    return _not_too_wide(list(enumerate(_C.igemm_conv_tiles())), 1, out_channels)
 
 
 def skinny_tiles(m, n, k):
@@ -99,9 +104,7 @@ def skinny_tiles(m, n, k):
     the least split of those)."""
     tiles = list(enumerate(_C.skinny_gemm_tiles()))
     fewest = min(t[0] for _, t in tiles)
-    tiles = [(i, t) for i, t in tiles if t[0] <= max(m, fewest)]
-    narrowest = min(t[1] for _, t in tiles)
-    tiles = [(i, t) for i, t in tiles if t[1] == narrowest or t[1] < 2 * n]
+    tiles = _not_too_wide([(i, t) for i, t in tiles if t[0] <= max(m, fewest)], 1, n)
     least = min(t[3] for _, t in tiles)
     chunks = -(-k // 16)
     return [(i, t) for i, t in tiles if t[3] == least or t[3] <= chunks]
@@ -176,11 +179,9 @@ def wgrad_tiles(out_channels, pixels):
     """The filter-gradient kernel's tiles worth timing for a layer of ``out_channels`` output channels and ``pixels``
     output pixels (n * oh * ow): (index, (channels, reductions, threads, splits)) of those whose channels are not
     more than twice as many (the narrowest always kept) and whose splits leave every block 4 chunks of 16 pixels."""
-    tiles = list(enumerate(_C.conv_wgrad_tiles()))
-    narrowest = min(t[0] for _, t in tiles)
     chunks = -(-pixels // 16)
-    return [(i, t) for i, t in tiles
-            if (t[0] == narrowest or t[0] < 2 * out_channels) and 4 * t[3] <= max(chunks, 4)]
+    return [(i, t) for i, t in _not_too_wide(list(enumerate(_C.conv_wgrad_tiles())), 0, out_channels)
+            if 4 * t[3] <= max(chunks, 4)]
 
 
 def _conv_backward(b, s):

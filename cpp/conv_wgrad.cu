@@ -154,9 +154,13 @@ constexpr Tile tile(int splits) {
 
 // The tiles the compiler times (cydnn_conv_wgrad_tile describes them): output channels x reductions a block (4 x 4
 // a thread), and the blocks the m's are split over (fewer where a layer has fewer chunks of 16 m's).
+// The layers with many output pixels and few channels (a first layer: 16-32 x 25-27 outputs over 36,864-65,536
+// pixels) are bound by each block's chain of chunks, not by arithmetic: they take the 512-way splits (8 chunks a
+// block) and the one-warp 16x32 tile (H100, b64: LeNet 16/32's conv1 22.9 us with 16x64 split 128, cuDNN 20.1).
 const Tile kTiles[] = {
-    tile<16, 64>(32),  tile<16, 64>(128),
-    tile<32, 32>(32),  tile<32, 32>(128),
+    tile<16, 32>(128), tile<16, 32>(512),
+    tile<16, 64>(32),  tile<16, 64>(128), tile<16, 64>(512),
+    tile<32, 32>(32),  tile<32, 32>(128), tile<32, 32>(512),
     tile<32, 64>(16),  tile<32, 64>(64),
     tile<64, 64>(8),   tile<64, 64>(32),
 };

@@ -196,7 +196,7 @@ CYDNN_NET_FN void forward_image(const cydnnNet &net, const float *x, float *y, f
         const cydnnNetLayer &L = net.layers[l];
         switch (L.op) {
             case CYDNN_NET_CONV:
-                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap);
+                conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap, cur, buf_floats);
                 break;
             case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
             case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;

@@ -75,22 +75,26 @@ def test_nvrtc_compiles_the_source_into_a_cubin(name):
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("name", ["allconv", "odd"])
-def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
+@pytest.mark.parametrize("name,split", [("allconv", False), ("odd", False), ("allconv", True), ("odd", True)])
+def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name, split):
     """The source names each convolution's template instance (tile and kernel size) instead of calling
     conv_dispatch (NVRTC then instantiates only those: 3.5-14 s -> 0.3-1 s): the PTX must be the
-    dispatch's, instruction for instruction (virtual register numbers aside)."""
+    dispatch's, instruction for instruction (virtual register numbers aside).  ``split``: every convolution
+    on tile 7 (its reduction split between the threads, the input buffer as scratch)."""
     import re
     _, _, nodes, layers = _layers(name)
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    if split:
+        bound = [dict(d, tile=7) if d["op"] == "conv" else d for d in bound]
     direct = fused_net_gen.source(bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])),
                                   int(np.prod(nodes[-1].out_shape[1:])), False)
     dispatched = direct
+    tail = "wbuf, WCAP, cur, BUF);" if split else "wbuf, WCAP);"
     for d in bound:
         if d["op"] == "conv":
             assert fused_net_gen._call(d) in dispatched
             dispatched = dispatched.replace(fused_net_gen._call(d),
-                                            "conv_dispatch(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);", 1)
+                                            "conv_dispatch(L, cur, next, cluster, rank, RANKS, " + tail, 1)
     assert dispatched != direct
 
     def code(text):
@@ -444,6 +448,10 @@ def test_explain_says_what_was_generated():
     assert fused_net.FusedNetwork.explain(stub).endswith(": cluster 8: not used, cluster 16: in use")
     stub.generated = fused_net_gen.GeneratedKernels(owner.src, owner.trial, on=False)
     assert fused_net.FusedNetwork.explain(stub).endswith(": off (CYDNN_FUSED_GEN=0)")
+    # the tiles timed at the biggest cluster size
+    stub._bound = {16: ([{"op": "conv", "tile": 7, "tile_us": {4: 10.8, 7: 10.1}}, {"op": "linear"}], 0)}
+    assert "convolution tiles at 16 blocks, timed (tile {tile: us}): 7 {4: 10.8, 7: 10.1}\n" in (
+        fused_net.FusedNetwork.explain(stub))
 
 
 @needs_nvrtc

@@ -40,6 +40,11 @@ CLUSTERS = (1, 2, 4, 8, 16)
 SMEM_LIMIT = 227 * 1024 - 256
 #: threads per block of the kernel (cpp/fused_net.cu's kNetThreads)
 THREADS = 512
+#: cluster sizes whose convolution tiles are chosen by timing (FusedNetwork._tune): the cost model's
+#: TUNE_CANDIDATES cheapest tiles and the split tile (7), each on a one-layer table; smaller clusters (many
+#: images, few blocks each) take the cost model's choice, without tile 7
+TUNED_CLUSTERS = (4, 8, 16)
+TUNE_CANDIDATES = 3
 #: numpy calls of up to this many images go through mapped pinned memory (FusedNetwork.run_host)
 MAPPED_ROWS = 64
 #: microseconds the resident kernel waits for the next one-image call before it gives its SMs back
@@ -78,8 +83,20 @@ def resident_idle_us(value=None, environ=None):
 RESIDENT_MIN_CLUSTER = 8
 
 _ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
-# tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first
-_TILES = ((3, 4, 4, 1), (2, 4, 1, 1), (1, 1, 4, 1), (0, 1, 1, 1), (4, 4, 1, 4), (5, 4, 1, 8), (6, 4, 1, 16))
+# tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first;
+# 0 lanes: tile 7 (conv_wsplit), the reduction split between the block's threads through scratch
+_TILES = ((3, 4, 4, 1), (2, 4, 1, 1), (1, 1, 4, 1), (0, 1, 1, 1), (4, 4, 1, 4), (5, 4, 1, 8), (6, 4, 1, 16),
+          (7, 4, 4, 0))
+
+
+def _wsplit_ways(layer, ranks, scratch_floats):
+    """The ways tile 7 splits a block's reduction into (cpp/fused_net_conv.cuh's wsplit_ways): one work item
+    and way a thread, at most one way an input channel, 16 partial sums a work item and way in the scratch
+    (the layer's input buffer, ``scratch_floats``); 0 where fewer than 2 (the tile is then tile 3's)."""
+    items = -(-layer["k"] // 4) * layer["oh"] * -(-layer["ow"] // 4)
+    per = -(-items // ranks)
+    ways = min(THREADS // per, layer["c"], scratch_floats // (16 * per))
+    return ways if ways >= 2 else 0
 
 
 def _channels(layer):
@@ -155,24 +172,39 @@ def describe(nodes):
     return layers
 
 
-def _tile(layer, ranks):
+def _tile(layer, ranks, scratch_floats=0):
     """The convolution tile with the fewest instructions on the busiest thread (the kernel is bound by
     instruction issue and latency, not by memory: ncu, docs/performance.md): rounds of work items per
     thread x taps per item x instructions per tap (TCO * TP multiply-adds, ~5 per input read with its
     bounds -- times the bank conflicts when G lanes read G planes of the same pixel --, ~9 of weight
-    read, loop and addressing), plus the shuffles that add a split reduction.  Ties go to the first."""
+    read, loop and addressing), plus the shuffles that add a split reduction, or for tile 7 (the
+    reduction split S ways between the block's threads, ``scratch_floats`` of scratch) the taps of one
+    way and the sums of the S partial tiles.  Ties go to the first."""
+    costs = _tile_costs(layer, ranks, scratch_floats)
+    return min(costs, key=costs.get)
+
+
+def _tile_costs(layer, ranks, scratch_floats=0):
+    """{tile code: the cost :func:`_tile` compares} (tile 7 infinite where its reduction does not split)."""
     ksize = layer["c"] * layer["kh"] * layer["kw"]
     plane = layer["h"] * layer["w"]
 
     def cost(tco, tp, g):
         items = -(-layer["k"] // tco) * layer["oh"] * -(-layer["ow"] // tp)
+        if g == 0:
+            ways = _wsplit_ways(layer, ranks, scratch_floats)
+            if not ways:
+                return float("inf")
+            per = -(-items // ranks)
+            taps = -(-layer["c"] // ways) * layer["kh"] * layer["kw"]
+            return taps * (tco * tp + 5 * tp + 9) + -(-per * tco * tp // THREADS) * (2 * ways + 12)
         rounds = -(-items * g // (ranks * THREADS))
         if g == 1:
             return rounds * ksize * (tco * tp + 5 * tp + 9)
         ways = g // min(g, 32 // np.gcd(plane, 32))
         taps = -(-layer["c"] // g) * layer["kh"] * layer["kw"]
         return rounds * (taps * (tco + 5 * ways + 9) + 8 * int(np.log2(g)))
-    return min(_TILES, key=lambda t: cost(t[1], t[2], t[3]))[0]
+    return {t[0]: cost(t[1], t[2], t[3]) for t in _TILES}
 
 
 def _staged(layer, ranks):
@@ -211,9 +243,13 @@ class FusedNetwork:
         width = max([self.in_size] + [_size(layer) for layer in layers])
         self.tables, self._bound = {}, {}
         self.softmax, self._buf_floats = bool(softmax), -(-width // 4) * 4
+        room = SMEM_LIMIT // 4 - 2 * self._buf_floats      # floats left beside the two activation buffers
         for r in CLUSTERS:
             bound = [self._bind(layer, r) for layer in layers]
-            room = SMEM_LIMIT // 4 - 2 * self._buf_floats  # floats left beside the two activation buffers
+            if r in TUNED_CLUSTERS:
+                for d in bound:
+                    if d["op"] == "conv":
+                        self._tune(d, r, room)
             wcap = min(room, max([_staged(d, r) for d in bound] + [0]))
             self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
             self._bound[r] = (bound, wcap)
@@ -228,6 +264,28 @@ class FusedNetwork:
         self.resident_reason = None if self.resident_idle_us else "off (resident_us=0)"
         self._residents = {}
         self.served = {"resident": 0, "launched": 0}
+
+    def _tune(self, d, ranks, room):
+        """Choose convolution ``d``'s tile for clusters of ``ranks`` by timing: the cost model's TUNE_CANDIDATES
+        cheapest tiles and tile 7 (where its reduction splits), each on a table of this one layer (its weights
+        staged as the network's room allows), one image of random values, the least of two rounds of 20
+        calls.  The cost model alone mispredicts by up to 3x between tiles whose costs are close (the
+        H100, docs/performance.md, session 25).  Sets ``d["tile"]`` and ``d["tile_us"]``."""
+        scratch = self._buf_floats
+        costs = _tile_costs(d, ranks, scratch)
+        codes = sorted(costs, key=costs.get)[:TUNE_CANDIDATES]
+        if costs.get(7, float("inf")) < float("inf") and 7 not in codes:
+            codes.append(7)
+        size, in_size = _size(d), d["c"] * d["h"] * d["w"]
+        x = _C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32))
+        y = _C.empty((size,))
+        timed = {}
+        for code in codes:
+            layer = dict(d, tile=code)
+            table = _C.FusedNet([layer], in_size, size, False, min(room, _staged(layer, ranks)))
+            timed[code] = round(1e6 * min(time_calls(lambda: table.forward(x, y, 1, ranks), 20) for _ in range(2)), 1)
+        d["tile"] = min(timed, key=timed.get)
+        d["tile_us"] = timed
 
     @staticmethod
     def _bind(layer, ranks):
@@ -327,6 +385,10 @@ class FusedNetwork:
             name = node.name if node is not None else (bn.name if bn is not None else "-")
             lines.append(f"  {layer['op']:<16} {name:<16} {layer['c']}x{layer['h']}x{layer['w']} -> "
                          f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}")
+        bound = getattr(self, "_bound", {}).get(CLUSTERS[-1], ([], 0))[0]
+        tiles = [f"{d['tile']} {d['tile_us']}" for d in bound if "tile_us" in d]
+        if tiles:
+            lines.append(f"convolution tiles at {CLUSTERS[-1]} blocks, timed (tile {{tile: us}}): " + "; ".join(tiles))
         gen = self.generated
         lines.append("kernels generated for this network (fused_net_gen.source(...) prints one): "
                      + (gen.reason or ", ".join(f"cluster {c}: {v['status']}" for c, v in sorted(gen.info.items()))

@@ -63,7 +63,7 @@ class GenerationError(RuntimeError):
 
 
 # tile code -> the convolution template conv_dispatch calls for it (cpp/fused_net_conv.cuh)
-_CONV = {6: ("conv_split", "16"), 5: ("conv_split", "8"), 4: ("conv_split", "4"), 3: ("conv_layer", "4, 4"),
+_CONV = {7: ("conv_wsplit", ""), 6: ("conv_split", "16"), 5: ("conv_split", "8"), 4: ("conv_split", "4"), 3: ("conv_layer", "4, 4"),
          2: ("conv_layer", "4, 1"), 1: ("conv_layer", "1, 4"), 0: ("conv_layer", "1, 1")}
 
 
@@ -75,6 +75,8 @@ def _call(d):
         return _CALLS[d["op"]]
     name, args = _CONV[int(d.get("tile", 0))]
     ks = d["kh"] if d["kh"] == d["kw"] and d["kh"] in (1, 3, 5) else 0
+    if not args:                      # conv_wsplit: the layer's input buffer is its scratch
+        return f"{name}<{ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
     return f"{name}<{args}, {ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
 
 

@@ -194,7 +194,8 @@ class BuildPyWithKernelSources(build_py):
         super().run()
         dest = os.path.join(self.build_lib, "cydnn", "_cuda_src")
         os.makedirs(dest, exist_ok=True)
-        for name in ("cydnn.h", "fused_net_rtc.cuh", "fused_net_conv.cuh", "fused_net_layers.cuh"):
+        for name in ("cydnn.h", "fused_net_rtc.cuh", "fused_net_conv.cuh", "fused_net_wsplit.cuh",
+                     "fused_net_layers.cuh"):
             shutil.copy2(os.path.join(CPP_DIR, name), os.path.join(dest, name))
 
 

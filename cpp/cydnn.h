@@ -601,7 +601,8 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
  * ignoring padding and NaN, average counting padding; global average pool:
  * (c, h, w) -> c; epilogue: the epilogue alone.  tile: a convolution's work
  * per thread, 0: 1 channel x 1 pixel, 1: 1 x 4, 2: 4 x 1, 3: 4 x 4; 4, 5, 6: 4 x 1 shared by 4, 8,
- * 16 lanes, each taking every 4th, 8th, 16th input channel.  A block stages the weights
+ * 16 lanes, each taking every 4th, 8th, 16th input channel; 7: 4 x 4, a block's reduction split
+ * between its threads (fused_net_wsplit.cuh).  A block stages the weights
  * of the output channels it computes in wcap floats of shared memory where they fit. */
 #define CYDNN_NET_MAX_LAYERS 32
 enum { CYDNN_NET_CONV = 0, CYDNN_NET_LINEAR = 1, CYDNN_NET_MAX_POOL = 2, CYDNN_NET_AVG_POOL = 3,
@@ -609,6 +610,9 @@ enum { CYDNN_NET_CONV = 0, CYDNN_NET_LINEAR = 1, CYDNN_NET_MAX_POOL = 2, CYDNN_N
 enum { CYDNN_NET_EPI_ACT = 0, CYDNN_NET_EPI_BN = 1 };
 typedef struct {
     int op, tile;
+    int pool;                      /* a convolution of tile 7: 0, or CYDNN_NET_MAX_POOL / _AVG_POOL, a 2x2
+                                      stride-2 pooling of its epilogue's outputs folded in: it gives
+                                      (k, oh / 2, ow / 2) */
     int c, h, w;                   /* input */
     int k, oh, ow;                 /* output channels (conv) / features (linear), output plane */
     int kh, kw, sh, sw, ph, pw;

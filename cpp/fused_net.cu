@@ -31,6 +31,7 @@
 namespace {
 
 constexpr int kNetThreads = 512;
+static_assert(kNetThreads == kWsplitThreads, "tile 7 splits a block's reduction between kWsplitThreads threads");
 constexpr const char *kOp = "fused_net_forward";
 
 // Thread-block clusters and distributed shared memory are sm_90's: for older targets the kernel
@@ -74,6 +75,10 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
                               (long)(L.ow - 1) * L.sw - L.pw + L.kw <= L.w + L.pw,
                           "layer %d: window %dx%d stride %dx%d padding %dx%d does not give %dx%d from %dx%d",
                           l, L.kh, L.kw, L.sh, L.sw, L.ph, L.pw, L.oh, L.ow, L.h, L.w);
+        CYDNN_REQUIRE(op, L.pool == 0 || (L.op == CYDNN_NET_CONV && L.tile == 7 && L.oh >= 2 && L.ow >= 2 &&
+                                           (L.pool == CYDNN_NET_MAX_POOL || L.pool == CYDNN_NET_AVG_POOL)),
+                      "layer %d: pool %d: a folded pooling is CYDNN_NET_MAX_POOL or _AVG_POOL on a convolution of "
+                      "tile 7 with an output plane of 2x2 or more", l, L.pool);
         CYDNN_REQUIRE(op, L.num_epi >= 0 && L.num_epi <= 3, "layer %d: %d epilogue steps", l, L.num_epi);
         for (int s = 0; s < L.num_epi; ++s)
             if (L.epi[s] == CYDNN_NET_EPI_BN)

@@ -278,132 +278,13 @@ CYDNN_NET_FN void split_sized(const cydnnNetLayer &L, const float *in, float *ne
     else conv_split<G, 0>(L, in, next, cluster, rank, ranks, wbuf, wcap);
 }
 
-// The ways conv_wsplit splits a block's reduction, for work items of `per` a block: as many as the
-// input channels, the threads (one work item and one way a thread) and the scratch (16 partial sums a
-// work item and way) allow; below 2 the tile is conv_layer<4, 4>'s.  compiler/fused_net.py's
-// _wsplit_ways computes the same number for its cost model.
-__device__ __forceinline__ int wsplit_ways(int channels, long per, int threads, long scratch_cap) {
-    if (per < 1) return 0;
-    long ways = threads / per;
-    if (ways > channels) ways = channels;
-    if (ways > scratch_cap / (16 * per)) ways = scratch_cap / (16 * per);
-    return ways >= 2 ? (int)ways : 0;
-}
+}  // namespace
+#endif  // sm_90
 
-// Convolution for layers whose block has few work items: a thread computes 4 output channels x 4
-// pixels (pxg apart, as conv_layer: no bank conflicts between the lanes) over the input channels
-// s, s + S, s + 2S, ... of its way s of S; the block's S partial tiles of a work item are then added
-// in way order (deterministic) through `scratch` -- the layer's input buffer, which nobody reads
-// once every thread of the block has passed the barrier after the sums, and which no other block
-// writes before the cluster barrier at the layer's end -- and stored.  The weights of the block's
-// output channels are staged in chunks of input channels, as many as wcap holds (none: read through
-// the read-only cache).  Without scratch (the fused training step) or with fewer than 2 ways, it is
-// conv_layer<4, 4>.
-template <int KS>
-CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
-                            int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
-    const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
-    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
-    const int cog = (K + 3) / 4, pxg = (OW + 3) / 4;
-    const long row_items = (long)OH * pxg, items = (long)cog * row_items;
-    const long per = (items + ranks - 1) / ranks;
-    const int S = scratch == nullptr ? 0 : wsplit_ways(C, per, (int)blockDim.x, scratch_cap);
-    if (S == 0) {
-        conv_layer<4, 4, KS>(L, in, next, cluster, rank, ranks, wbuf, wcap);
-        return;
-    }
-    long lo, hi;
-    share(items, rank, ranks, lo, hi);
-    if (hi <= lo) return;                                      // block-uniform
-    const int n_items = (int)(hi - lo), kk = KH * KW, ksize = C * kk;
-    const int c_lo = (int)(lo / row_items) * 4;
-    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * 4;
-    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
-    const int cs = (c_span + 3) / 4 * 4;
-    const long fit = wcap / ((long)cs * kk);                   // input channels a chunk of staged weights holds
-    const int chunk = fit <= 0 ? C : (fit < C ? (int)fit : C);
-    const int i = (int)(threadIdx.x % per), s = (int)(threadIdx.x / per);
-    const bool active = s < S && i < n_items;
-    const long it = lo + (active ? i : 0);
-    const int g = (int)(it / row_items), rest = (int)(it - g * row_items);
-    const int oy = rest / pxg, j = rest - oy * pxg, co0 = g * 4;
-    float acc[4][4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int p = 0; p < 4; ++p) acc[a][p] = 0.0f;
-    for (int c0 = 0; c0 < C; c0 += chunk) {
-        const int c1 = c0 + chunk < C ? c0 + chunk : C;
-        if (fit > 0) {                                         // stage [c_lo, c_lo + c_span) x [c0, c1) as [tap][cs]
-            if (c0 > 0) __syncthreads();                       // the last chunk's weights are read
-            const int row = (c1 - c0) * kk, n = c_span * row;
-            for (int e = threadIdx.x; e < n; e += blockDim.x) {
-                const int co = e / row, r = e - co * row;
-                wbuf[r * cs + co] = CYDNN_NET_LDW(L.weight + (long)(c_lo + co) * ksize + (long)c0 * kk + r);
-            }
-            __syncthreads();
-        }
-        if (!active) continue;
-        for (int ci = c0 + s; ci < c1; ci += S) {
-            const float *plane = in + ci * H * W;
-#pragma unroll
-            for (int ky = 0; ky < KH; ++ky) {
-                const int iy = oy * SH - PH + ky;
-                if (iy < 0 || iy >= H) continue;
-                const float *rowp = plane + iy * W;
-#pragma unroll
-                for (int kx = 0; kx < KW; ++kx) {
-                    float xv[4];
-#pragma unroll
-                    for (int p = 0; p < 4; ++p) {
-                        const int ix = (j + p * pxg) * SW - PW + kx;
-                        xv[p] = (ix >= 0 && ix < W) ? rowp[ix] : 0.0f;
-                    }
-                    const int tap = ky * KW + kx;
-                    float wv[4];
-                    if (fit > 0) {
-                        staged4<4>(wbuf + ((ci - c0) * kk + tap) * cs + (co0 - c_lo), wv);
-                    } else {
-#pragma unroll
-                        for (int a = 0; a < 4; ++a)
-                            wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + ci * kk + tap)
-                                                : 0.0f;
-                    }
-#pragma unroll
-                    for (int a = 0; a < 4; ++a)
-#pragma unroll
-                        for (int p = 0; p < 4; ++p) acc[a][p] = fmaf(wv[a], xv[p], acc[a][p]);
-                }
-            }
-        }
-    }
-    __syncthreads();                                           // every thread has read `in`: it is scratch now
-    if (active) {
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-            for (int p = 0; p < 4; ++p) scratch[((long)s * 16 + a * 4 + p) * per + i] = acc[a][p];
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < n_items * 16; o += blockDim.x) {
-        const int v = o / n_items, m = o - v * n_items;       // value v of the block's work item m
-        const long item = lo + m;
-        const int gm = (int)(item / row_items), rm = (int)(item - gm * row_items);
-        const int co = gm * 4 + v / 4, ox = rm % pxg + (v % 4) * pxg, y0 = rm / pxg;
-        float sum = 0.0f;
-        for (int w = 0; w < S; ++w) sum += scratch[((long)w * 16 + v) * per + m];
-        if (co < K && ox < OW) store_all(cluster, next, ranks, ((long)co * OH + y0) * OW + ox, epilogue(L, sum, co));
-    }
-}
+#include "fused_net_wsplit.cuh"   // tile 7: the reduction split between the block's threads (uses conv_layer)
 
-CYDNN_NET_FN void wsplit_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
-                             int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
-    const int ks = L.kh == L.kw ? L.kh : 0;
-    if (ks == 3) conv_wsplit<3>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
-    else if (ks == 5) conv_wsplit<5>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
-    else if (ks == 1) conv_wsplit<1>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
-    else conv_wsplit<0>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
-}
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+namespace {
 
 // A convolution layer by its tile code (compiler/fused_net.py's _TILES).  scratch: the layer's input
 // buffer where the caller lets conv_wsplit use it (nullptr: it may not; tile 7 is then conv_layer<4, 4>).

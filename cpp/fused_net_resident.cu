@@ -36,6 +36,7 @@
 namespace {
 
 constexpr int kThreads = 512;              // as fused_net.cu's kNetThreads
+static_assert(kThreads == kWsplitThreads, "tile 7 splits a block's reduction between kWsplitThreads threads");
 constexpr const char *kOp = "fused_net_resident";
 constexpr unsigned long long kStop = ~0ull;
 constexpr double kWaitLimitS = 30.0;

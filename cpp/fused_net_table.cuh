@@ -12,7 +12,7 @@ __host__ __device__ inline long net_layer_in(const cydnnNetLayer &L) { return (l
 __host__ __device__ inline long net_layer_out(const cydnnNetLayer &L) {
     switch (L.op) {
         case CYDNN_NET_LINEAR: return L.k;
-        case CYDNN_NET_CONV: return (long)L.k * L.oh * L.ow;
+        case CYDNN_NET_CONV: return L.pool ? (long)L.k * (L.oh / 2) * (L.ow / 2) : (long)L.k * L.oh * L.ow;
         case CYDNN_NET_GLOBAL_AVG_POOL: return L.c;
         case CYDNN_NET_EPILOGUE: return net_layer_in(L);
         default: return (long)L.c * L.oh * L.ow;

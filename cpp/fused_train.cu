@@ -65,6 +65,7 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
             ++acts;
         }
         CYDNN_REQUIRE(op, acts <= 1, "layer %d: %d activations in one epilogue", l, acts);
+        CYDNN_REQUIRE(op, L.pool == 0, "layer %d: a pooling folded into a convolution is not trained here", l);
         if (weighted(L)) {
             if (t.lowest < 0) t.lowest = l;
             if (L.op == CYDNN_NET_CONV)

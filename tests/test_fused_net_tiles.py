@@ -38,7 +38,9 @@ def test_every_tile_code_has_a_template_in_the_generated_source():
     for code in TILES:
         call = fused_net_gen._call(dict(d, tile=code))
         assert call.startswith(fused_net_gen._CONV[code][0] + "<") and call.endswith(");")
-    assert fused_net_gen._call(dict(d, tile=7)).endswith("wbuf, WCAP, cur, BUF);")   # its scratch: the input
+    assert fused_net_gen._call(dict(d, tile=7)) == "conv_wsplit<3, 0>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
+    assert fused_net_gen._call(dict(d, tile=7, pool=_C.NET_OPS["avg_pool"])).startswith(
+        f"conv_wsplit<3, {_C.NET_OPS['avg_pool']}>(")                                 # its scratch: the input
 
 
 def test_the_split_ways_follow_threads_channels_and_scratch():
@@ -96,5 +98,122 @@ def test_the_timed_tile_is_the_fastest_of_those_timed():
             assert all("tile_us" not in d for d in convs)
             continue
         for d in convs:
+            if d.get("pool"):                        # folded: its time against the two layers apart
+                assert d["tile"] == 7 and d["fold_us"]["folded"] < d["fold_us"]["apart"], d["fold_us"]
+                continue
             assert len(d["tile_us"]) >= 2 and d["tile"] == min(d["tile_us"], key=d["tile_us"].get), (r, d["tile_us"])
+            assert "fold_us" not in d or d["fold_us"]["folded"] >= d["fold_us"]["apart"]
     assert "convolution tiles at 16 blocks, timed" in net.explain()
+
+
+# ---------------------------------------------------------------------- a 2x2 pooling folded into tile 7
+def test_what_folds_into_the_convolution():
+    _, d = _layer("mid")
+    pool = dict(op="max_pool", c=48, h=16, w=16, oh=8, ow=8, kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, epi=[])
+    assert fused_net._foldable(d, pool) and fused_net._foldable(d, dict(pool, op="avg_pool"))
+    assert not fused_net._foldable(d, dict(pool, kh=3, kw=3, oh=7, ow=7))            # another window
+    assert not fused_net._foldable(d, dict(pool, sh=1, sw=1, oh=15, ow=15))          # another stride
+    assert not fused_net._foldable(d, dict(pool, ph=1, pw=1, oh=9, ow=9))            # padding
+    assert not fused_net._foldable(d, dict(pool, epi=[_C.NET_EPI_ACT]))              # an epilogue of its own
+    assert not fused_net._foldable(d, dict(pool, op="global_avg_pool"))
+    folded = dict(d, tile=7, pool=_C.NET_OPS["max_pool"])
+    assert fused_net._size(folded) == 48 * 8 * 8 and fused_net._wsplit_items(folded) == 12 * 8 * 8
+    _, deeper = _layer("deeper")                                                    # 7x7: floor, 3x3
+    assert fused_net._size(dict(deeper, pool=_C.NET_OPS["avg_pool"])) == 128 * 3 * 3
+
+
+POOLED = ("first", "mid", "deep", "deeper", "odd", "five")
+
+
+def _pooled(name, kind, device):
+    model, d = _layer(name, device)
+    pool = nn.MaxPool2d(2) if kind == "max_pool" else nn.AvgPool2d(2)
+    return nn.Sequential(*model, pool).to(device).eval(), dict(d, tile=7, pool=_C.NET_OPS[kind])
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["max_pool", "avg_pool"])
+@pytest.mark.parametrize("name", POOLED)
+def test_the_folded_pooling_gives_the_per_op_outputs(name, kind):
+    """Split ways (16 blocks), one way with scratch too small (cluster 1: every item a thread, no staging),
+    weights staged, in chunks, unstaged."""
+    model, d = _pooled(name, kind, "cuda")
+    c, h, w = SHAPES[name][0]
+    x = np.random.default_rng(1).standard_normal((3, c, h, w)).astype(np.float32)
+    want = model(_C.to_device(x)).numpy().reshape(3, -1)
+    size = want.shape[1]
+    assert size == fused_net._size(d)
+    xd, y = _C.to_device(x.ravel()), _C.empty((3 * size,))
+    for cluster in (1, 4, 16):
+        width = -(-max(c * h * w, d["k"] * d["oh"] * d["ow"]) // 4) * 4
+        full = min(fused_net._staged(d, cluster), fused_net.SMEM_LIMIT // 4 - 2 * width)
+        for wcap in (full, 4 * d["kh"] * d["kw"] * 2 + 4, 0):
+            table = _C.FusedNet([d], c * h * w, size, False, wcap)
+            table.forward(xd, y, 3, cluster)
+            np.testing.assert_allclose(y.numpy().reshape(3, -1), want, rtol=1e-5, atol=2e-6,
+                                       err_msg=f"{name} {kind} cluster {cluster} wcap {wcap}")
+
+
+@gpu
+def test_a_folded_pooling_is_refused_where_it_cannot_be():
+    _, d = _pooled("mid", "max_pool", "cuda")
+    size = fused_net._size(d)
+    for bad, match in ((dict(d, tile=3), "tile 7"), (dict(d, pool=_C.NET_OPS["linear"]), "pool 1"),
+                       (dict(d, oh=1, ow=1, h=1, w=1, k=48, ph=0, pw=0, kh=1, kw=1), "2x2 or more")):
+        with pytest.raises(ValueError, match=match):
+            _C.FusedNet([bad], bad["c"] * bad["h"] * bad["w"], fused_net._size(bad), False, 0)
+    with pytest.raises(ValueError, match="the layer before gives"):        # the pooled size chains on
+        _C.FusedNet([d, dict(op="epilogue", c=48, h=16, w=16, epi=[])], 24 * 256, 48 * 256, False, 0)
+    assert size == 48 * 64
+
+
+@gpu
+def test_a_network_with_its_poolings_folded_gives_the_reference_outputs(monkeypatch):
+    """Where the folded table times faster (made so here: $CYDNN_FUSED_FOLD=always), the network's bound table
+    folds each convolution and its 2x2 pooling into one layer; the outputs stay the per-op path's; a wrong
+    value of the switch is refused."""
+    from test_compiler import ZOO
+    from cydnn.compiler.trace import trace
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "always")
+    make, shape = ZOO["cnn32"]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    layers = fused_net.describe(nodes)
+    net = fused_net.FusedNetwork(layers, shape, nodes[-1].out_shape[1:], False, 8)
+    x = np.random.default_rng(2).standard_normal((5,) + shape).astype(np.float32)
+    want = model(_C.to_device(x)).numpy()
+    pools = sum(d["op"] in ("max_pool", "avg_pool") for d in layers)
+    assert pools >= 1
+    for r in fused_net.TUNED_CLUSTERS:
+        bound = net._bound[r][0]
+        assert sum(bool(d.get("pool")) for d in bound) == pools and len(bound) == len(layers) - pools
+        np.testing.assert_allclose(net.run_host(x, r), want, rtol=1e-5, atol=2e-6)
+    assert "+ 2x2 pooling" in net.explain()
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "sometimes")
+    with pytest.raises(ValueError, match="CYDNN_FUSED_FOLD must be auto, always or off, got 'sometimes'"):
+        fused_net.FusedNetwork(layers, shape, nodes[-1].out_shape[1:], False, 8)
+
+
+@gpu
+def test_the_generated_kernel_of_split_and_folded_layers_gives_the_interpreters_outputs(monkeypatch):
+    """Every convolution of the CNN on tile 7 and its poolings folded in: the kernel NVRTC compiles from the
+    generated source (tile 7's template instances named directly) against the interpreter's table."""
+    from test_compiler import ZOO
+    from cydnn.compiler import fused_net_gen
+    from cydnn.compiler.trace import trace
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "always")
+    make, shape = ZOO["cnn32"]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 4)
+    bound, wcap = net._bound[16]
+    assert any(d.get("pool") for d in bound) and all(d["tile"] == 7 for d in bound if d["op"] == "conv")
+    buf = (net.tables[16].smem_bytes // 4 - wcap) // 2             # the table's buffers: smaller, folded
+    assert buf == net._bufs[16] < net._buf_floats
+    text = fused_net_gen.source(bound, 16, wcap, buf, net.in_size, net.out_size, False)
+    kernel = _C.NetKernel(fused_net_gen.compile_cubin(text), fused_net_gen.KERNEL_NAME, 16)
+    x = _C.to_device(np.random.default_rng(3).standard_normal(3 * net.in_size).astype(np.float32))
+    want, got = _C.empty((3 * net.out_size,)), _C.empty((3 * net.out_size,))
+    net.tables[16].forward(x, want, 3, 16)
+    net.tables[16].forward(x, got, 3, 16, kernel)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)

@@ -326,7 +326,7 @@ cdef extern from "cydnn.h" nogil:
         CYDNN_NET_EPI_ACT
         CYDNN_NET_EPI_BN
     ctypedef struct cydnnNetLayer:
-        int op, tile
+        int op, tile, pool
         int c, h, w
         int k, oh, ow
         int kh, kw, sh, sw, ph, pw

@@ -56,7 +56,8 @@ cdef cydnnStatus_t _net_launch(cydnnContext *c, const cydnnNet *net, const float
 cdef class FusedNet:
     """A network table (cydnnNet) over DeviceArrays, checked once (cydnn_fused_net_check).
 
-    ``layers``: dicts with ``op`` (a key of NET_OPS), ``tile``, the geometry ``c h w k oh ow kh kw sh sw ph
+    ``layers``: dicts with ``op`` (a key of NET_OPS), ``tile``, ``pool`` (a convolution of tile 7: 0, or
+    NET_OPS["max_pool"] / NET_OPS["avg_pool"], a 2x2 stride-2 pooling folded in), the geometry ``c h w k oh ow kh kw sh sw ph
     pw``, the arrays ``weight bias bn_mean bn_var bn_weight bn_bias`` (DeviceArray or None), ``epi`` (a
     list of NET_EPI_ACT / NET_EPI_BN), ``act``, ``slope``, ``bn_eps``.  The table holds the arrays' device
     addresses: whoever changes an array's buffer (not its values) must build a new FusedNet.
@@ -80,6 +81,7 @@ cdef class FusedNet:
             L = &self.net.layers[i]
             L.op = NET_OPS[d["op"]]
             L.tile = d.get("tile", 0)
+            L.pool = d.get("pool", 0)
             L.c, L.h, L.w = d["c"], d.get("h", 1), d.get("w", 1)
             L.k, L.oh, L.ow = d.get("k", 0), d.get("oh", 1), d.get("ow", 1)
             L.kh, L.kw, L.sh, L.sw = d.get("kh", 1), d.get("kw", 1), d.get("sh", 1), d.get("sw", 1)

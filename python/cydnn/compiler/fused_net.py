@@ -93,10 +93,16 @@ def _wsplit_ways(layer, ranks, scratch_floats):
     """The ways tile 7 splits a block's reduction into (cpp/fused_net_conv.cuh's wsplit_ways): one work item
     and way a thread, at most one way an input channel, 16 partial sums a work item and way in the scratch
     (the layer's input buffer, ``scratch_floats``); 0 where fewer than 2 (the tile is then tile 3's)."""
-    items = -(-layer["k"] // 4) * layer["oh"] * -(-layer["ow"] // 4)
-    per = -(-items // ranks)
+    per = -(-_wsplit_items(layer) // ranks)
     ways = min(THREADS // per, layer["c"], scratch_floats // (16 * per))
     return ways if ways >= 2 else 0
+
+
+def _wsplit_items(layer):
+    """Tile 7's work items: 4 channels x 4 pixels of a row, or with a pooling folded in, x a 2x2 window."""
+    if layer.get("pool"):
+        return -(-layer["k"] // 4) * (layer["oh"] // 2) * (layer["ow"] // 2)
+    return -(-layer["k"] // 4) * layer["oh"] * -(-layer["ow"] // 4)
 
 
 def _channels(layer):
@@ -105,6 +111,8 @@ def _channels(layer):
     if op == "linear":
         return layer["k"], 1
     if op == "conv":
+        if layer.get("pool"):                         # a 2x2 stride-2 pooling folded in (tile 7)
+            return layer["k"], (layer["oh"] // 2) * (layer["ow"] // 2)
         return layer["k"], layer["oh"] * layer["ow"]
     if op == "global_avg_pool":
         return layer["c"], 1
@@ -207,6 +215,15 @@ def _tile_costs(layer, ranks, scratch_floats=0):
     return {t[0]: cost(t[1], t[2], t[3]) for t in _TILES}
 
 
+def _foldable(conv, pool):
+    """Whether pooling layer ``pool`` (a bound dict) after convolution ``conv`` folds into it: a 2x2 window,
+    stride 2, no padding, no epilogue steps of its own, over the convolution's whole output."""
+    return (pool["op"] in ("max_pool", "avg_pool") and (pool["kh"], pool["kw"], pool["sh"], pool["sw"]) == (2, 2, 2, 2)
+            and (pool["ph"], pool["pw"]) == (0, 0) and not pool.get("epi")
+            and (pool["c"], pool["h"], pool["w"]) == (conv["k"], conv["oh"], conv["ow"])
+            and (pool["oh"], pool["ow"]) == (conv["oh"] // 2, conv["ow"] // 2) and min(conv["oh"], conv["ow"]) >= 2)
+
+
 def _staged(layer, ranks):
     """Floats of weights the block of a cluster with the most to stage needs for convolution ``layer``
     (the channels its share of the work items touches; cpp/fused_net.cu's conv_layer)."""
@@ -214,6 +231,8 @@ def _staged(layer, ranks):
         return 0
     tco, tp = next((c, p) for code, c, p, _ in _TILES if code == layer["tile"])
     row = layer["oh"] * -(-layer["ow"] // tp)
+    if layer.get("pool"):
+        row = (layer["oh"] // 2) * (layer["ow"] // 2)
     items = -(-layer["k"] // tco) * row
     per = -(-items // ranks)
     ksize = layer["c"] * layer["kh"] * layer["kw"]
@@ -241,7 +260,7 @@ class FusedNetwork:
         self.out_size = int(np.prod(out_shape))
         self.layers = layers
         width = max([self.in_size] + [_size(layer) for layer in layers])
-        self.tables, self._bound = {}, {}
+        self.tables, self._bound, self._bufs = {}, {}, {}
         self.softmax, self._buf_floats = bool(softmax), -(-width // 4) * 4
         room = SMEM_LIMIT // 4 - 2 * self._buf_floats      # floats left beside the two activation buffers
         for r in CLUSTERS:
@@ -250,9 +269,12 @@ class FusedNetwork:
                 for d in bound:
                     if d["op"] == "conv":
                         self._tune(d, r, room)
+                bound = self._fold(bound, r, room)
             wcap = min(room, max([_staged(d, r) for d in bound] + [0]))
             self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
             self._bound[r] = (bound, wcap)
+            # the table's activation buffers (cydnn_fused_net_check's): a folded pooling's input is not one
+            self._bufs[r] = -(-max([self.in_size] + [_size(d) for d in bound]) // 4) * 4
         # kernels generated for this network (fused_net_gen.py), per cluster size, compiled in the background
         self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, on)
         self.capacity = capacity
@@ -287,6 +309,46 @@ class FusedNetwork:
         d["tile"] = min(timed, key=timed.get)
         d["tile_us"] = timed
 
+    def _fold(self, bound, ranks, room):
+        """``bound`` with each convolution followed by a 2x2 stride-2 pooling (no epilogue of its own) folded
+        into one layer of tile 7 (cpp/fused_net_wsplit.cuh: the pooled values alone are stored into the
+        cluster's blocks, one barrier fewer) where that table times faster than the two layers apart, each
+        on one image of random values.  The folded layer keeps both timings in ``fold_us``.  ``$CYDNN_FUSED_FOLD``
+        (a switch for tests and debugging): auto (the default), always (every pair that folds, untimed), off."""
+        mode = os.environ.get("CYDNN_FUSED_FOLD", "auto").strip() or "auto"
+        if mode not in ("auto", "always", "off"):
+            raise ValueError(f"CYDNN_FUSED_FOLD must be auto, always or off, got {mode!r}")
+        out, i = [], 0
+        while i < len(bound):
+            d = bound[i]
+            after = bound[i + 1] if i + 1 < len(bound) else None
+            if mode == "off" or not (d["op"] == "conv" and after is not None and _foldable(d, after)):
+                out.append(d)
+                i += 1
+                continue
+            folded = dict(d, tile=7, pool=_C.NET_OPS[after["op"]])
+            folded.pop("tile_us", None)
+            if mode == "always":
+                folded["fold_us"] = {}
+                out.append(folded)
+                i += 2
+                continue
+            in_size = d["c"] * d["h"] * d["w"]
+            x = _C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32))
+            y = _C.empty((_size(after),))
+            apart = _C.FusedNet([d, after], in_size, _size(after), False, min(room, _staged(d, ranks)))
+            one = _C.FusedNet([folded], in_size, _size(after), False, min(room, _staged(folded, ranks)))
+            timed = {name: round(1e6 * min(time_calls(lambda: t.forward(x, y, 1, ranks), 20) for _ in range(2)), 1)
+                     for name, t in (("apart", apart), ("folded", one))}
+            if timed["folded"] < timed["apart"]:
+                folded["fold_us"] = timed
+                out.append(folded)
+            else:
+                d["fold_us"] = timed
+                out += [d, after]
+            i += 2
+        return out
+
     @staticmethod
     def _bind(layer, ranks):
         d = {k: v for k, v in layer.items() if k not in ("node", "bn")}
@@ -305,7 +367,7 @@ class FusedNetwork:
 
     def _source(self, cluster):
         bound, wcap = self._bound[cluster]
-        return fused_net_gen.source(bound, cluster, wcap, self._buf_floats, self.in_size, self.out_size,
+        return fused_net_gen.source(bound, cluster, wcap, self._bufs[cluster], self.in_size, self.out_size,
                                     self.softmax)
 
     def _trial(self, cluster, kernel):
@@ -386,7 +448,8 @@ class FusedNetwork:
             lines.append(f"  {layer['op']:<16} {name:<16} {layer['c']}x{layer['h']}x{layer['w']} -> "
                          f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}")
         bound = getattr(self, "_bound", {}).get(CLUSTERS[-1], ([], 0))[0]
-        tiles = [f"{d['tile']} {d['tile_us']}" for d in bound if "tile_us" in d]
+        tiles = [f"{d['tile']}{' + 2x2 pooling' if d.get('pool') else ''} {d.get('tile_us', {})}"
+                 + (f" {d['fold_us']}" if "fold_us" in d else "") for d in bound if "tile_us" in d or "fold_us" in d]
         if tiles:
             lines.append(f"convolution tiles at {CLUSTERS[-1]} blocks, timed (tile {{tile: us}}): " + "; ".join(tiles))
         gen = self.generated

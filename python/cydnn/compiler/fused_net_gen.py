@@ -39,7 +39,7 @@ __all__ = ["source", "compile_cubin", "GenerationError", "KERNEL_NAME", "headers
 
 KERNEL_NAME = "cydnn_fused_net_gen"
 ARCH = "sm_90"
-_HEADERS = ("cydnn.h", "fused_net_rtc.cuh", "fused_net_conv.cuh", "fused_net_layers.cuh")
+_HEADERS = ("cydnn.h", "fused_net_rtc.cuh", "fused_net_conv.cuh", "fused_net_wsplit.cuh", "fused_net_layers.cuh")
 # what cydnn.h includes, for NVRTC (which has no C library headers)
 _STUBS = {"stddef.h": "typedef unsigned long size_t;\n",
           "stdint.h": ("typedef signed char int8_t; typedef unsigned char uint8_t; typedef int int32_t;\n"
@@ -75,8 +75,8 @@ def _call(d):
         return _CALLS[d["op"]]
     name, args = _CONV[int(d.get("tile", 0))]
     ks = d["kh"] if d["kh"] == d["kw"] and d["kh"] in (1, 3, 5) else 0
-    if not args:                      # conv_wsplit: the layer's input buffer is its scratch
-        return f"{name}<{ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
+    if not args:                      # conv_wsplit (its pooling folded in or 0): the layer's input buffer is its scratch
+        return f"{name}<{ks}, {int(d.get('pool', 0))}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
     return f"{name}<{args}, {ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
 
 
@@ -91,7 +91,7 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
              f"constexpr int RANKS = {int(ranks)};",
              f"constexpr long WCAP = {int(wcap)};",
              f"constexpr int BUF = {int(buf_floats)};",
-             f'extern "C" __global__ void __launch_bounds__(512) {KERNEL_NAME}(',
+             f'extern "C" __global__ void __launch_bounds__(kWsplitThreads) {KERNEL_NAME}(',
              "        const __grid_constant__ cydnnNet net, const float *__restrict__ x, int n, float *__restrict__ y,",
              "        int buf_floats) {",
              "    extern __shared__ float smem[];",
@@ -109,7 +109,8 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
         lines += [f"    {{   // layer {i}: {d['op']}",
                   "        cydnnNetLayer L = {};                    // the shapes as constants, the arrays from the table",
                   f"        {arrays}" if arrays else "        // (no arrays)",
-                  f"        L.op = {_OPS[d['op']]}; L.tile = {int(d.get('tile', 0))}; {shape}",
+                  f"        L.op = {_OPS[d['op']]}; L.tile = {int(d.get('tile', 0))}; L.pool = {int(d.get('pool', 0))}; "
+                  f"{shape}",
                   f"        L.num_epi = {len(epi)};" + "".join(f" L.epi[{s}] = {int(e)};" for s, e in enumerate(epi))
                   + f" L.act = {int(d.get('act', 0))}; L.slope = {float(d.get('slope', 0.0))!r}f;"
                   + f" L.bn_eps = {float(d.get('bn_eps', 0.0))!r}f;",

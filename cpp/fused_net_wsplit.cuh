@@ -1,0 +1,216 @@
+// fused_net_wsplit.cuh -- the fused network's convolution tile 7 (conv_wsplit): the reduction of a
+// block's few work items split between its threads, and, where the table folds it in (L.pool), the
+// 2x2 stride-2 pooling after the convolution's epilogue.  Included by fused_net_conv.cuh (it falls
+// back to conv_layer), inside the same sm_90 guard.
+#pragma once
+
+// The threads of a fused-network block (fused_net.cu's kNetThreads, fused_net_resident.cu's kThreads, the
+// generated kernels' launch bounds: each uses or asserts it): a constant, so that in a kernel generated for
+// one network the ways below are one too, and the paths a layer does not take are compiled out.
+constexpr int kWsplitThreads = 512;
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+namespace {
+
+// The ways conv_wsplit splits a block's reduction, for work items of `per` a block: as many as the
+// input channels, the threads (one work item and one way a thread) and the scratch (16 partial sums a
+// work item and way) allow; below 2, none.  compiler/fused_net.py's _wsplit_ways computes the same number.
+__device__ __forceinline__ int wsplit_ways(int channels, long per, int threads, long scratch_cap) {
+    if (per < 1) return 0;
+    long ways = threads / per;
+    if (ways > channels) ways = channels;
+    if (ways > scratch_cap / (16 * per)) ways = scratch_cap / (16 * per);
+    return ways >= 2 ? (int)ways : 0;
+}
+
+// One work item's 4 channels x 4 pixels over the input channels ci0, ci0 + step, ... < ci1, added to acc.
+// The pixels: POOL == 0, row oy, columns ox0 + p * pxg (pxg apart: the lanes of a warp, on neighbouring
+// ox0, read neighbouring inputs); POOL != 0, the 2x2 window at (oy, ox0): pixel p at (oy + p / 2, ox0 + p % 2).
+// Weights: staged (wt != nullptr: tap t of input channel ci at wt[((ci - wci0) * kh * kw + t) * cs]) or
+// read through the read-only cache.
+template <int KS, int POOL>
+__device__ __forceinline__ void wsplit_sums(const cydnnNetLayer &L, const float *in, int ci0, int ci1, int step,
+                                            int oy, int ox0, int pxg, const float *wt, int cs, int wci0, int co0,
+                                            float (&acc)[4][4]) {
+    const int H = L.h, W = L.w, K = L.k, SH = L.sh, SW = L.sw, PH = L.ph, PW = L.pw;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, kk = KH * KW;
+    const long ksize = (long)L.c * kk;
+    for (int ci = ci0; ci < ci1; ci += step) {
+        const float *plane = in + ci * H * W;
+#pragma unroll
+        for (int ky = 0; ky < KH; ++ky) {
+            int iy[2];
+            iy[0] = oy * SH - PH + ky;
+            iy[1] = (oy + 1) * SH - PH + ky;
+            if (!POOL && (iy[0] < 0 || iy[0] >= H)) continue;
+#pragma unroll
+            for (int kx = 0; kx < KW; ++kx) {
+                float xv[4];
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    const int y = POOL ? iy[p / 2] : iy[0];
+                    const int ix = (POOL ? ox0 + p % 2 : ox0 + p * pxg) * SW - PW + kx;
+                    xv[p] = (y >= 0 && y < H && ix >= 0 && ix < W) ? plane[y * W + ix] : 0.0f;
+                }
+                const int tap = ky * KW + kx;
+                float wv[4];
+                if (wt != nullptr) {
+                    staged4<4>(wt + ((ci - wci0) * kk + tap) * cs, wv);
+                } else {
+#pragma unroll
+                    for (int a = 0; a < 4; ++a)
+                        wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + (long)ci * kk + tap)
+                                            : 0.0f;
+                }
+#pragma unroll
+                for (int a = 0; a < 4; ++a)
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) acc[a][p] = fmaf(wv[a], xv[p], acc[a][p]);
+            }
+        }
+    }
+}
+
+// A 2x2 window's 4 sums s[0..3] (row by row) of channel co after the epilogue, max- or average-pooled as
+// pool_layer pools them (the same order and operations: the same bits as the two layers unfolded).
+template <int POOL>
+__device__ __forceinline__ float pool4(const cydnnNetLayer &L, const float (&s)[4], int co) {
+    float v = POOL == CYDNN_NET_MAX_POOL ? -INFINITY : 0.0f;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const float e = epilogue(L, s[p], co);
+        if (POOL == CYDNN_NET_MAX_POOL) {
+            if (e > v) v = e;
+        } else {
+            v += e;
+        }
+    }
+    return POOL == CYDNN_NET_MAX_POOL ? v : v / 4.0f;
+}
+
+// Tile 7: a thread computes 4 output channels x 4 pixels over the input channels s, s + S, s + 2S, ...
+// of its way s of S; the block's S partial tiles of a work item are then added in way order
+// (deterministic) through `scratch` -- the layer's input buffer, which nobody reads once every thread
+// of the block has passed the barrier after the sums, and which no other block writes before the
+// cluster barrier at the layer's end -- and stored.  The weights of the block's output channels are
+// staged in chunks of input channels, as many as wcap holds (none: read through the read-only cache).
+// POOL (CYDNN_NET_MAX_POOL / _AVG_POOL): a work item is a 2x2 window of the convolution's outputs, pooled
+// after the epilogue, so that only the pooled values go to the cluster's blocks (the broadcast, not the
+// arithmetic, bounds a one-image layer: docs/performance.md, session 25).  Without scratch (the fused
+// training step) or with fewer than 2 ways: one way, a work item's whole reduction a thread (POOL == 0:
+// conv_layer<4, 4>, which is that).
+template <int KS, int POOL>
+CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                            int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
+    const int C = L.c, K = L.k, OH = L.oh, OW = L.ow;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, kk = KH * KW, ksize = C * kk;
+    const int QH = POOL ? OH / 2 : OH, QW = POOL ? OW / 2 : OW;       // the stored plane
+    const int cog = (K + 3) / 4, pxg = POOL ? QW : (OW + 3) / 4;     // work items a row
+    const long row_items = (long)QH * pxg, items = (long)cog * row_items;
+    const long per = (items + ranks - 1) / ranks;
+    const int S = scratch == nullptr ? 0 : wsplit_ways(C, per, kWsplitThreads, scratch_cap);
+    if (S == 0 && !POOL) {
+        conv_layer<4, 4, KS>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+        return;
+    }
+    long lo, hi;
+    share(items, rank, ranks, lo, hi);
+    if (hi <= lo) return;                                      // block-uniform
+    if (S == 0) {                                              // POOL, one way: no scratch, no staging
+        for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
+            const int g = (int)(it / row_items), rest = (int)(it - g * row_items);
+            const int py = rest / pxg, px = rest - py * pxg, co0 = g * 4;
+            float acc[4][4] = {};
+            wsplit_sums<KS, POOL>(L, in, 0, C, 1, 2 * py, 2 * px, 0, nullptr, 0, 0, co0, acc);
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+                if (co0 + a < K)
+                    store_all(cluster, next, ranks, ((long)(co0 + a) * QH + py) * QW + px, pool4<POOL>(L, acc[a], co0 + a));
+        }
+        return;
+    }
+    const int n_items = (int)(hi - lo);
+    const int c_lo = (int)(lo / row_items) * 4;
+    const int c_hi_raw = (int)((hi - 1) / row_items + 1) * 4;
+    const int c_span = (c_hi_raw < K ? c_hi_raw : K) - c_lo;
+    const int cs = (c_span + 3) / 4 * 4;
+    const long fit = wcap / ((long)cs * kk);                   // input channels a chunk of staged weights holds
+    const int chunk = fit <= 0 ? C : (fit < C ? (int)fit : C);
+    const int i = (int)(threadIdx.x % per), s = (int)(threadIdx.x / per);   // blockDim.x == kWsplitThreads
+    const bool active = s < S && i < n_items;
+    const long it = lo + (active ? i : 0);
+    const int g = (int)(it / row_items), rest = (int)(it - g * row_items);
+    const int y0 = rest / pxg, j = rest - y0 * pxg, co0 = g * 4;
+    float acc[4][4] = {};
+    for (int c0 = 0; c0 < C; c0 += chunk) {
+        const int c1 = c0 + chunk < C ? c0 + chunk : C;
+        if (fit > 0) {                                         // stage [c_lo, c_lo + c_span) x [c0, c1) as [tap][cs]
+            if (c0 > 0) __syncthreads();                       // the last chunk's weights are read
+            const int row = (c1 - c0) * kk, n = c_span * row;
+            for (int e = threadIdx.x; e < n; e += blockDim.x) {
+                const int co = e / row, r = e - co * row;
+                wbuf[r * cs + co] = CYDNN_NET_LDW(L.weight + (long)(c_lo + co) * ksize + (long)c0 * kk + r);
+            }
+            __syncthreads();
+        }
+        if (active)
+            wsplit_sums<KS, POOL>(L, in, c0 + s, c1, S, POOL ? 2 * y0 : y0, POOL ? 2 * j : j, pxg,
+                                  fit > 0 ? wbuf + (co0 - c_lo) : nullptr, cs, c0, co0, acc);
+    }
+    __syncthreads();                                           // every thread has read `in`: it is scratch now
+    if (active) {
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+            for (int p = 0; p < 4; ++p) scratch[((long)s * 16 + a * 4 + p) * per + i] = acc[a][p];
+    }
+    __syncthreads();
+    const int values = POOL ? 4 : 16;                          // stored a work item: channels (x pixels)
+    for (int o = threadIdx.x; o < n_items * values; o += blockDim.x) {
+        const int v = o / n_items, m = o - v * n_items;       // value v of the block's work item m
+        const long item = lo + m;
+        const int gm = (int)(item / row_items), rm = (int)(item - gm * row_items);
+        const int ym = rm / pxg, jm = rm - ym * pxg;
+        if (POOL) {
+            const int co = gm * 4 + v;
+            if (co >= K) continue;
+            float sums[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                float sum = 0.0f;
+                for (int w = 0; w < S; ++w) sum += scratch[((long)w * 16 + v * 4 + p) * per + m];
+                sums[p] = sum;
+            }
+            store_all(cluster, next, ranks, ((long)co * QH + ym) * QW + jm, pool4<POOL>(L, sums, co));
+        } else {
+            const int co = gm * 4 + v / 4, ox = jm + (v % 4) * pxg;
+            if (co >= K || ox >= OW) continue;
+            float sum = 0.0f;
+            for (int w = 0; w < S; ++w) sum += scratch[((long)w * 16 + v) * per + m];
+            store_all(cluster, next, ranks, ((long)co * OH + ym) * OW + ox, epilogue(L, sum, co));
+        }
+    }
+}
+
+template <int POOL>
+CYDNN_NET_FN void wsplit_pooled(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                              int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
+    const int ks = L.kh == L.kw ? L.kh : 0;
+    if (ks == 3) conv_wsplit<3, POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+    else if (ks == 5) conv_wsplit<5, POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+    else if (ks == 1) conv_wsplit<1, POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+    else conv_wsplit<0, POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+}
+
+CYDNN_NET_FN void wsplit_sized(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
+                             int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
+    if (L.pool == CYDNN_NET_MAX_POOL)
+        wsplit_pooled<CYDNN_NET_MAX_POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+    else if (L.pool == CYDNN_NET_AVG_POOL)
+        wsplit_pooled<CYDNN_NET_AVG_POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+    else
+        wsplit_pooled<0>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap);
+}
+
+}  // namespace
+#endif  // sm_90

@@ -3,7 +3,7 @@
   --tiles  each convolution of each network alone in a table (its input random), every tile code timed on
            device arrays, minus an epilogue-only table of the same input (launch, the input's broadcast,
            one barrier: 'base').  '*' marks the tile the network's table took (timed among the cost model's
-           best at 4-16 blocks: compiler/fused_net.py's FusedNetwork._tune).
+           best at 4-16 blocks: compiler/fused_tiles.py's tune).
   --fold   each network's whole table on one image with its 2x2 poolings folded into the convolutions
            before them where that timed faster ($CYDNN_FUSED_FOLD=auto) and with none folded (off), and
            explain()'s line of the tiles and folds at 16 blocks.
@@ -18,7 +18,7 @@ import numpy as np
 
 import cydnn
 from cydnn import _C
-from cydnn.compiler import fused_net as fn
+from cydnn.compiler import fused_net as fn, fused_tiles as ft
 from cydnn.compiler.executor import time_calls
 from cydnn.compiler.trace import trace
 
@@ -35,8 +35,8 @@ def _us(table, x, y, r):
 def _table(net, d, r, tile=None):
     d = dict(d) if tile is None else dict(d, tile=tile)
     room = fn.SMEM_LIMIT // 4 - 2 * net._buf_floats
-    wcap = min(room, fn._staged(d, r)) if d["op"] == "conv" else 0
-    return _C.FusedNet([d], d["c"] * d["h"] * d["w"], fn._size(d), False, wcap), wcap >= fn._staged(d, r)
+    wcap = min(room, ft.staged(d, r)) if d["op"] == "conv" else 0
+    return _C.FusedNet([d], d["c"] * d["h"] * d["w"], ft.size(d), False, wcap), wcap >= ft.staged(d, r)
 
 
 def tiles(name, clusters):
@@ -53,9 +53,9 @@ def tiles(name, clusters):
             base_table, _ = _table(net, {"op": "epilogue", "c": d["c"], "h": d["h"], "w": d["w"], "epi": []}, r)
             base = _us(base_table, x, _C.empty((d["c"] * d["h"] * d["w"],)), r)
             cells = []
-            for code, *_ in fn._TILES:
+            for code, *_ in ft.TILES:
                 table, staged = _table(net, d, r, code)
-                cells.append(f"t{code}{'*' if code == d['tile'] else ''} {_us(table, x, _C.empty((fn._size(d),)), r) - base:.1f}"
+                cells.append(f"t{code}{'*' if code == d['tile'] else ''} {_us(table, x, _C.empty((ft.size(d),)), r) - base:.1f}"
                              + ("" if staged else " (unstaged)"))
             macs = d["k"] * d["oh"] * d["ow"] * d["c"] * d["kh"] * d["kw"]
             print(f"{name} {r} blocks, layer {i} {d['c']}x{d['h']}x{d['w']} -> {d['k']}x{d['oh']}x{d['ow']} "

@@ -1,4 +1,4 @@
-"""Every convolution tile of the fused network (cpp/fused_net_conv.cuh, compiler/fused_net.py's _TILES) on
+"""Every convolution tile of the fused network (cpp/fused_net_conv.cuh, compiler/fused_tiles.py's TILES) on
 one-layer tables, against the per-op path: shapes with few and many input channels, strides, padding,
 odd and non-square kernels, at cluster sizes 1, 4 and 16, with all the weights staged, staged in chunks
 of a few input channels, and read through the cache (no staging)."""
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cydnn import _C, nn
-from cydnn.compiler import fused_net
+from cydnn.compiler import fused_net, fused_tiles
 
 gpu = pytest.mark.gpu
 
@@ -18,7 +18,7 @@ SHAPES = {"first": ((3, 32, 32), 24, (3, 3), (1, 1), (1, 1)),
           "odd": ((7, 11, 10), 10, (3, 2), (2, 1), (1, 0)),
           "five": ((5, 9, 9), 6, (5, 5), (2, 2), (2, 2)),
           "pointwise": ((16, 6, 6), 33, (1, 1), (1, 1), (0, 0))}
-TILES = [t[0] for t in fused_net._TILES]
+TILES = [t[0] for t in fused_tiles.TILES]
 
 
 def _layer(name, device="cpu"):
@@ -29,6 +29,17 @@ def _layer(name, device="cpu"):
     d = dict(op="conv", c=c, h=h, w=w, k=k, oh=oh, ow=ow, kh=kh, kw=kw, sh=sh, sw=sw, ph=ph, pw=pw,
              epi=[_C.NET_EPI_ACT], act=_C.ACT_RELU, slope=0.0, weight=conv.weight.data, bias=conv.bias.data)
     return model, d
+
+
+def _cnn32(capacity):
+    """The test zoo's 3x32x32 CNN on the GPU: (model, input shape, its traced layers, its FusedNetwork)."""
+    from test_compiler import ZOO
+    from cydnn.compiler.trace import trace
+    make, shape = ZOO["cnn32"]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    layers = fused_net.describe(nodes)
+    return model, shape, layers, fused_net.FusedNetwork(layers, shape, nodes[-1].out_shape[1:], False, capacity)
 
 
 def test_every_tile_code_has_a_template_in_the_generated_source():
@@ -45,12 +56,12 @@ def test_every_tile_code_has_a_template_in_the_generated_source():
 
 def test_the_split_ways_follow_threads_channels_and_scratch():
     _, d = _layer("mid")                         # 12 x 16 x 4 = 768 work items of 4x4
-    assert fused_net._wsplit_ways(d, 16, 10 ** 6) == 10          # 48 a block: 512 // 48 threads
-    assert fused_net._wsplit_ways(d, 16, 48 * 16 * 3) == 3       # the scratch holds 3 ways
-    assert fused_net._wsplit_ways(d, 16, 48 * 16) == 0           # one way: tile 3's kernel
-    assert fused_net._wsplit_ways(d, 1, 10 ** 6) == 0            # 768 a block: more than the threads
+    assert fused_tiles.wsplit_ways(d, 16, 10 ** 6) == 10          # 48 a block: 512 // 48 threads
+    assert fused_tiles.wsplit_ways(d, 16, 48 * 16 * 3) == 3       # the scratch holds 3 ways
+    assert fused_tiles.wsplit_ways(d, 16, 48 * 16) == 0           # one way: tile 3's kernel
+    assert fused_tiles.wsplit_ways(d, 1, 10 ** 6) == 0            # 768 a block: more than the threads
     _, first = _layer("first")
-    assert fused_net._wsplit_ways(first, 16, 10 ** 6) == 3       # at most one way an input channel
+    assert fused_tiles.wsplit_ways(first, 16, 10 ** 6) == 3       # at most one way an input channel
 
 
 @gpu
@@ -66,7 +77,7 @@ def test_every_tile_gives_the_per_op_outputs(name):
         for cluster in (1, 4, 16):
             layer = dict(d, tile=code)
             width = -(-max(c * h * w, size) // 4) * 4
-            full = min(fused_net._staged(layer, cluster), fused_net.SMEM_LIMIT // 4 - 2 * width)
+            full = min(fused_tiles.staged(layer, cluster), fused_net.SMEM_LIMIT // 4 - 2 * width)
             for wcap in (full, 4 * d["kh"] * d["kw"] * 2 + 4, 0):     # all, chunks of a few channels, none
                 table = _C.FusedNet([layer], c * h * w, size, False, wcap)
                 table.forward(xd, y, 3, cluster)
@@ -81,20 +92,15 @@ def test_the_split_tile_really_splits_somewhere():
     for name in ("mid", "deep", "deeper", "first"):
         _, d = _layer(name, "cuda")
         table = _C.FusedNet([dict(d, tile=7)], d["c"] * d["h"] * d["w"], d["k"] * d["oh"] * d["ow"], False, 0)
-        assert fused_net._wsplit_ways(d, 16, table.smem_bytes // 4 // 2) >= 2, name
+        assert fused_tiles.wsplit_ways(d, 16, table.smem_bytes // 4 // 2) >= 2, name
 
 
 @gpu
 def test_the_timed_tile_is_the_fastest_of_those_timed():
-    from test_compiler import ZOO
-    from cydnn.compiler.trace import trace
-    make, shape = ZOO["cnn32"]
-    model = make().to("cuda").eval()
-    nodes = trace(model, shape, 1)
-    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 4)
+    _, _, _, net = _cnn32(4)
     for r in fused_net.CLUSTERS:
         convs = [d for d in net._bound[r][0] if d["op"] == "conv"]
-        if r not in fused_net.TUNED_CLUSTERS:
+        if r not in fused_tiles.TUNED_CLUSTERS:
             assert all("tile_us" not in d for d in convs)
             continue
         for d in convs:
@@ -106,20 +112,89 @@ def test_the_timed_tile_is_the_fastest_of_those_timed():
     assert "convolution tiles at 16 blocks, timed" in net.explain()
 
 
+class _FakeTables:
+    """_C.FusedNet, _C.to_device, _C.empty and time_calls for the CPU: a table's time is ``cost(layers)``."""
+
+    def __init__(self, monkeypatch, cost):
+        self.built, self.last = [], None
+        fakes = self
+
+        class Table:
+            def __init__(self, layers, in_size, out_size, softmax, wcap):
+                self.layers, self.wcap = layers, wcap
+                fakes.built.append(self)
+
+            def forward(self, x, y, n, r):
+                fakes.last = self
+        monkeypatch.setattr(fused_tiles._C, "FusedNet", Table)
+        monkeypatch.setattr(fused_tiles._C, "to_device", lambda a: a)
+        monkeypatch.setattr(fused_tiles._C, "empty", lambda shape: np.empty(shape, np.float32))
+
+        def time_calls(fn, calls):
+            fn()
+            return cost(fakes.last.layers) * 1e-6
+        monkeypatch.setattr(fused_tiles, "time_calls", time_calls)
+
+
+def test_tune_keeps_the_fastest_of_the_cheapest_tiles_and_tile_7(monkeypatch):
+    _, d = _layer("mid")
+    times = {7: 5.0, 3: 9.0, 2: 4.0}
+    fakes = _FakeTables(monkeypatch, lambda layers: times.get(layers[0]["tile"], 20.0))
+    costs = fused_tiles.tile_costs(d, 16, 10 ** 5)
+    cheapest = sorted(costs, key=costs.get)[:fused_tiles.TUNE_CANDIDATES]
+    fused_tiles.tune(d, 16, 4000, 10 ** 5)
+    assert set(d["tile_us"]) == set(cheapest) | {7}                   # tile 7 timed even where not cheapest
+    assert d["tile"] == min(d["tile_us"], key=d["tile_us"].get) and d["tile_us"][d["tile"]] <= 5.0
+    assert all(t.wcap == min(4000, fused_tiles.staged(t.layers[0], 16)) for t in fakes.built)
+    _, first = _layer("first")                                        # tile 7 does not split: not timed
+    fused_tiles.tune(first, 16, 4000, 10)
+    assert 7 not in first["tile_us"]
+
+
+def _pooling(conv, op):
+    return dict(op=op, c=conv["k"], h=conv["oh"], w=conv["ow"], oh=conv["oh"] // 2, ow=conv["ow"] // 2, kh=2, kw=2,
+                sh=2, sw=2, ph=0, pw=0, epi=[])
+
+
+def test_fold_keeps_a_pair_folded_where_it_times_faster(monkeypatch):
+    _, a = _layer("mid")
+    _, b = _layer("first")
+    a, b = dict(a, tile=4), dict(b, tile=2)
+    linear = dict(op="linear", c=24 * 16 * 16, h=1, w=1, k=10, epi=[])
+    bound = [a, _pooling(a, "max_pool"), b, _pooling(b, "avg_pool"), linear]
+    # the first pair is faster folded, the second apart
+    _FakeTables(monkeypatch, lambda layers: {(48, True): 1.0, (48, False): 2.0, (24, True): 3.0}.get(
+        (layers[0]["k"], bool(layers[0].get("pool"))), 2.5))
+    out = fused_tiles.fold(bound, 16, 4000)
+    assert [(d["op"], d.get("pool", 0)) for d in out] == [("conv", _C.NET_OPS["max_pool"]), ("conv", 0),
+                                                          ("avg_pool", 0), ("linear", 0)]
+    assert out[0]["tile"] == 7 and out[0]["fold_us"] == {"apart": 2.0, "folded": 1.0}
+    assert out[1] is b and b["tile"] == 2 and b["fold_us"] == {"apart": 2.5, "folded": 3.0}
+    assert fused_tiles.size(out[0]) == 48 * 8 * 8
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "off")
+    assert fused_tiles.fold(bound, 16, 4000) == bound
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "always")
+    assert [d.get("pool", 0) for d in fused_tiles.fold(bound, 16, 4000)] == [
+        _C.NET_OPS["max_pool"], _C.NET_OPS["avg_pool"], 0]
+    monkeypatch.setenv("CYDNN_FUSED_FOLD", "yes")
+    with pytest.raises(ValueError, match="CYDNN_FUSED_FOLD must be auto, always or off, got 'yes'"):
+        fused_tiles.fold(bound, 16, 4000)
+
+
 # ---------------------------------------------------------------------- a 2x2 pooling folded into tile 7
 def test_what_folds_into_the_convolution():
     _, d = _layer("mid")
     pool = dict(op="max_pool", c=48, h=16, w=16, oh=8, ow=8, kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, epi=[])
-    assert fused_net._foldable(d, pool) and fused_net._foldable(d, dict(pool, op="avg_pool"))
-    assert not fused_net._foldable(d, dict(pool, kh=3, kw=3, oh=7, ow=7))            # another window
-    assert not fused_net._foldable(d, dict(pool, sh=1, sw=1, oh=15, ow=15))          # another stride
-    assert not fused_net._foldable(d, dict(pool, ph=1, pw=1, oh=9, ow=9))            # padding
-    assert not fused_net._foldable(d, dict(pool, epi=[_C.NET_EPI_ACT]))              # an epilogue of its own
-    assert not fused_net._foldable(d, dict(pool, op="global_avg_pool"))
+    assert fused_tiles.foldable(d, pool) and fused_tiles.foldable(d, dict(pool, op="avg_pool"))
+    assert not fused_tiles.foldable(d, dict(pool, kh=3, kw=3, oh=7, ow=7))            # another window
+    assert not fused_tiles.foldable(d, dict(pool, sh=1, sw=1, oh=15, ow=15))          # another stride
+    assert not fused_tiles.foldable(d, dict(pool, ph=1, pw=1, oh=9, ow=9))            # padding
+    assert not fused_tiles.foldable(d, dict(pool, epi=[_C.NET_EPI_ACT]))              # an epilogue of its own
+    assert not fused_tiles.foldable(d, dict(pool, op="global_avg_pool"))
     folded = dict(d, tile=7, pool=_C.NET_OPS["max_pool"])
-    assert fused_net._size(folded) == 48 * 8 * 8 and fused_net._wsplit_items(folded) == 12 * 8 * 8
+    assert fused_tiles.size(folded) == 48 * 8 * 8 and fused_tiles.wsplit_items(folded) == 12 * 8 * 8
     _, deeper = _layer("deeper")                                                    # 7x7: floor, 3x3
-    assert fused_net._size(dict(deeper, pool=_C.NET_OPS["avg_pool"])) == 128 * 3 * 3
+    assert fused_tiles.size(dict(deeper, pool=_C.NET_OPS["avg_pool"])) == 128 * 3 * 3
 
 
 POOLED = ("first", "mid", "deep", "deeper", "odd", "five")
@@ -142,11 +217,11 @@ def test_the_folded_pooling_gives_the_per_op_outputs(name, kind):
     x = np.random.default_rng(1).standard_normal((3, c, h, w)).astype(np.float32)
     want = model(_C.to_device(x)).numpy().reshape(3, -1)
     size = want.shape[1]
-    assert size == fused_net._size(d)
+    assert size == fused_tiles.size(d)
     xd, y = _C.to_device(x.ravel()), _C.empty((3 * size,))
     for cluster in (1, 4, 16):
         width = -(-max(c * h * w, d["k"] * d["oh"] * d["ow"]) // 4) * 4
-        full = min(fused_net._staged(d, cluster), fused_net.SMEM_LIMIT // 4 - 2 * width)
+        full = min(fused_tiles.staged(d, cluster), fused_net.SMEM_LIMIT // 4 - 2 * width)
         for wcap in (full, 4 * d["kh"] * d["kw"] * 2 + 4, 0):
             table = _C.FusedNet([d], c * h * w, size, False, wcap)
             table.forward(xd, y, 3, cluster)
@@ -157,11 +232,11 @@ def test_the_folded_pooling_gives_the_per_op_outputs(name, kind):
 @gpu
 def test_a_folded_pooling_is_refused_where_it_cannot_be():
     _, d = _pooled("mid", "max_pool", "cuda")
-    size = fused_net._size(d)
+    size = fused_tiles.size(d)
     for bad, match in ((dict(d, tile=3), "tile 7"), (dict(d, pool=_C.NET_OPS["linear"]), "pool 1"),
                        (dict(d, oh=1, ow=1, h=1, w=1, k=48, ph=0, pw=0, kh=1, kw=1), "2x2 or more")):
         with pytest.raises(ValueError, match=match):
-            _C.FusedNet([bad], bad["c"] * bad["h"] * bad["w"], fused_net._size(bad), False, 0)
+            _C.FusedNet([bad], bad["c"] * bad["h"] * bad["w"], fused_tiles.size(bad), False, 0)
     with pytest.raises(ValueError, match="the layer before gives"):        # the pooled size chains on
         _C.FusedNet([d, dict(op="epilogue", c=48, h=16, w=16, epi=[])], 24 * 256, 48 * 256, False, 0)
     assert size == 48 * 64
@@ -172,40 +247,29 @@ def test_a_network_with_its_poolings_folded_gives_the_reference_outputs(monkeypa
     """Where the folded table times faster (made so here: $CYDNN_FUSED_FOLD=always), the network's bound table
     folds each convolution and its 2x2 pooling into one layer; the outputs stay the per-op path's; a wrong
     value of the switch is refused."""
-    from test_compiler import ZOO
-    from cydnn.compiler.trace import trace
     monkeypatch.setenv("CYDNN_FUSED_FOLD", "always")
-    make, shape = ZOO["cnn32"]
-    model = make().to("cuda").eval()
-    nodes = trace(model, shape, 1)
-    layers = fused_net.describe(nodes)
-    net = fused_net.FusedNetwork(layers, shape, nodes[-1].out_shape[1:], False, 8)
+    model, shape, layers, net = _cnn32(8)
     x = np.random.default_rng(2).standard_normal((5,) + shape).astype(np.float32)
     want = model(_C.to_device(x)).numpy()
     pools = sum(d["op"] in ("max_pool", "avg_pool") for d in layers)
     assert pools >= 1
-    for r in fused_net.TUNED_CLUSTERS:
+    for r in fused_tiles.TUNED_CLUSTERS:
         bound = net._bound[r][0]
         assert sum(bool(d.get("pool")) for d in bound) == pools and len(bound) == len(layers) - pools
         np.testing.assert_allclose(net.run_host(x, r), want, rtol=1e-5, atol=2e-6)
     assert "+ 2x2 pooling" in net.explain()
     monkeypatch.setenv("CYDNN_FUSED_FOLD", "sometimes")
     with pytest.raises(ValueError, match="CYDNN_FUSED_FOLD must be auto, always or off, got 'sometimes'"):
-        fused_net.FusedNetwork(layers, shape, nodes[-1].out_shape[1:], False, 8)
+        fused_net.FusedNetwork(layers, shape, net.out_shape, False, 8)
 
 
 @gpu
 def test_the_generated_kernel_of_split_and_folded_layers_gives_the_interpreters_outputs(monkeypatch):
     """Every convolution of the CNN on tile 7 and its poolings folded in: the kernel NVRTC compiles from the
     generated source (tile 7's template instances named directly) against the interpreter's table."""
-    from test_compiler import ZOO
     from cydnn.compiler import fused_net_gen
-    from cydnn.compiler.trace import trace
     monkeypatch.setenv("CYDNN_FUSED_FOLD", "always")
-    make, shape = ZOO["cnn32"]
-    model = make().to("cuda").eval()
-    nodes = trace(model, shape, 1)
-    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 4)
+    _, _, _, net = _cnn32(4)
     bound, wcap = net._bound[16]
     assert any(d.get("pool") for d in bound) and all(d["tile"] == 7 for d in bound if d["op"] == "conv")
     buf = (net.tables[16].smem_bytes // 4 - wcap) // 2             # the table's buffers: smaller, folded

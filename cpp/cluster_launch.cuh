@@ -2,7 +2,7 @@
 // launch: the device's opt-in shared memory limit, the kernel's attributes (dynamic shared memory
 // up to that limit, clusters of 16 blocks: beyond the portable 8, which sm_90 allows), and the
 // launch configuration with the cluster attribute.  Used by fused_net.cu (the interpreted and the
-// generated forward), fused_net_resident.cu and fused_train.cu.
+// generated forward), fused_net_resident.cu, fused_train.cu and gemm_skinny.cu.
 #pragma once
 
 #include <atomic>
@@ -11,13 +11,19 @@
 
 namespace cydnn {
 
-// The shared memory one block may opt in to on the context's device (bytes), checking first that
-// the device has thread-block clusters (compute capability 9.0 or newer).
-inline cydnnStatus_t cluster_smem_limit(const char *op, int device, int *limit) {
+// Whether the device has thread-block clusters (compute capability 9.0 or newer): an error saying so if not.
+inline cydnnStatus_t cluster_capable(const char *op, int device) {
     int major = 0;
     CYDNN_CUDA(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     CYDNN_REQUIRE(op, major >= 9, "thread-block clusters need compute capability 9.0 or newer, this device "
                   "has %d.x", major);
+    return CYDNN_STATUS_SUCCESS;
+}
+
+// The shared memory one block may opt in to on the context's device (bytes), checking first that
+// the device has thread-block clusters.
+inline cydnnStatus_t cluster_smem_limit(const char *op, int device, int *limit) {
+    CYDNN_TRY(cluster_capable(op, device));
     CYDNN_CUDA(op, cudaDeviceGetAttribute(limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     return CYDNN_STATUS_SUCCESS;
 }
@@ -49,12 +55,12 @@ inline cydnnStatus_t cluster_prepare_once(const char *op, int device, const void
     return CYDNN_STATUS_SUCCESS;
 }
 
-// The configuration of a launch of `blocks` blocks of `threads` threads in clusters of `cluster`
-// blocks (attr: storage for the one attribute, alive until the launch).
-inline cudaLaunchConfig_t cluster_config(unsigned blocks, unsigned threads, size_t smem, cudaStream_t stream,
+// The configuration of a launch of a grid of `blocks` (clusters along x) of `threads` threads in clusters of
+// `cluster` blocks (attr: storage for the one attribute, alive until the launch).
+inline cudaLaunchConfig_t cluster_config(dim3 blocks, unsigned threads, size_t smem, cudaStream_t stream,
                                          int cluster, cudaLaunchAttribute *attr) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
+    cfg.gridDim = blocks;
     cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "act_math.cuh"
+#include "cluster_launch.cuh"
 #include "common.cuh"
 #include "gemm_skinny.cuh"
 
@@ -241,10 +242,7 @@ cydnnStatus_t skinny_gemm(cydnnContext *ctx, const float *a, const float *w, con
                   "the matrices are too large for 32-bit offsets (m=%d, n=%d, k=%d)", m, n, k);
     const Tile &t = kTiles[tile];
     if (!g_prepared[tile].load(std::memory_order_acquire)) {
-        int major = 0;
-        CYDNN_CUDA(op, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device));
-        CYDNN_REQUIRE(op, major >= 9, "thread-block clusters need compute capability 9.0 or newer, this device "
-                      "has %d.x", major);
+        CYDNN_TRY(cydnn::cluster_capable(op, ctx->device));
         CYDNN_CUDA(op, cudaFuncSetAttribute(reinterpret_cast<const void *>(t.kernel),
                                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
         g_prepared[tile].store(true, std::memory_order_release);
@@ -254,17 +252,10 @@ cydnnStatus_t skinny_gemm(cydnnContext *ctx, const float *a, const float *w, con
     s.vec_b = (b_kn ? n : k) % 4 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
     const int chunks = (k + kBK - 1) / kBK;
     s.per_split = (chunks + t.splits - 1) / t.splits;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)t.splits, (unsigned)((n + t.bn - 1) / t.bn), (unsigned)((m + t.bm - 1) / t.bm));
-    cfg.blockDim = dim3((unsigned)((t.bm / 4) * (t.bn / 4)));
-    cfg.stream = stream;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)t.splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const dim3 grid((unsigned)t.splits, (unsigned)((n + t.bn - 1) / t.bn), (unsigned)((m + t.bm - 1) / t.bm));
+    cudaLaunchConfig_t cfg =
+        cydnn::cluster_config(grid, (unsigned)((t.bm / 4) * (t.bn / 4)), 0, stream, t.splits, attr);
     CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, t.kernel, s));
     CYDNN_LAUNCH_CHECK(op, "skinny_gemm_kernel");
     return CYDNN_STATUS_SUCCESS;

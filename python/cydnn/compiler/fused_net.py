@@ -160,8 +160,9 @@ class FusedNetwork:
             wcap = min(room, max([_staged(d, r) for d in bound] + [0]))
             self.tables[r] = _C.FusedNet(bound, self.in_size, self.out_size, bool(softmax), wcap)
             self._bound[r] = (bound, wcap)
-            # the table's activation buffers (cydnn_fused_net_check's): a folded pooling's input is not one
-            self._bufs[r] = -(-max([self.in_size] + [_size(d) for d in bound]) // 4) * 4
+            # the table's activation buffers, as cydnn_fused_net_check sized them (smaller than _buf_floats where
+            # a folded pooling's input is no activation any more)
+            self._bufs[r] = (self.tables[r].smem_bytes // 4 - wcap) // 2
         # kernels generated for this network (fused_net_gen.py), per cluster size, compiled in the background
         self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, on)
         self.capacity = capacity

@@ -129,6 +129,17 @@ def staged(layer, ranks):
     return most
 
 
+def _one_image(in_size, out_size):
+    """A random input image and an output buffer on the device, for timing one-layer tables."""
+    return (_C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32)),
+            _C.empty((out_size,)))
+
+
+def _us(table, x, y, ranks):
+    """µs a call of ``table`` on one image takes: the least of two rounds of 20 calls."""
+    return round(1e6 * min(time_calls(lambda: table.forward(x, y, 1, ranks), 20) for _ in range(2)), 1)
+
+
 def tune(d, ranks, room, scratch_floats):
     """Choose convolution ``d``'s tile for clusters of ``ranks`` by timing: the cost model's TUNE_CANDIDATES
     cheapest tiles and tile 7 (where its reduction splits), each on a table of this one layer (its weights
@@ -140,13 +151,11 @@ def tune(d, ranks, room, scratch_floats):
     if costs.get(7, float("inf")) < float("inf") and 7 not in codes:
         codes.append(7)
     out_size, in_size = size(d), d["c"] * d["h"] * d["w"]
-    x = _C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32))
-    y = _C.empty((out_size,))
+    x, y = _one_image(in_size, out_size)
     timed = {}
     for code in codes:
         layer = dict(d, tile=code)
-        table = _C.FusedNet([layer], in_size, out_size, False, min(room, staged(layer, ranks)))
-        timed[code] = round(1e6 * min(time_calls(lambda: table.forward(x, y, 1, ranks), 20) for _ in range(2)), 1)
+        timed[code] = _us(_C.FusedNet([layer], in_size, out_size, False, min(room, staged(layer, ranks))), x, y, ranks)
     d["tile"] = min(timed, key=timed.get)
     d["tile_us"] = timed
 
@@ -176,12 +185,10 @@ def fold(bound, ranks, room):
             i += 2
             continue
         in_size = d["c"] * d["h"] * d["w"]
-        x = _C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32))
-        y = _C.empty((size(after),))
+        x, y = _one_image(in_size, size(after))
         apart = _C.FusedNet([d, after], in_size, size(after), False, min(room, staged(d, ranks)))
         one = _C.FusedNet([folded], in_size, size(after), False, min(room, staged(folded, ranks)))
-        timed = {name: round(1e6 * min(time_calls(lambda: t.forward(x, y, 1, ranks), 20) for _ in range(2)), 1)
-                 for name, t in (("apart", apart), ("folded", one))}
+        timed = {"apart": _us(apart, x, y, ranks), "folded": _us(one, x, y, ranks)}
         if timed["folded"] < timed["apart"]:
             folded["fold_us"] = timed
             out.append(folded)

@@ -13,48 +13,95 @@ namespace {
 // Linear: a warp takes ROWS output features at once, the lanes split the inputs (coalesced rows
 // of the weight, float4 where every row starts on 16 bytes), a warp reduction per row: many
 // loads in flight, which a one-image forward needs (it reads each weight once: latency-bound).
+// Where a block has few rows (a layer of few outputs spread over a cluster: 8 rows a block for 128
+// outputs at 16 blocks, most warps idle), the warps of a row group split its inputs P ways instead,
+// each part reduced by its warp and the P parts added in part order through `part` (32 floats of
+// shared memory; nullptr: no split), so P times the loads are in flight.  In the generated kernels
+// on the H100 (docs/performance.md, session 26) the all-conv net's 2048 -> 10 layer: 22.2 -> 20.1 us
+// for the whole image.
 constexpr int ROWS = 4;
 
+// The ways linear_layer splits a row group's inputs for a block of `rows` rows and `n` input steps
+// (float4s or floats), `warps` warps: 1 (no split) unless every part gets a warp's width of inputs
+// and the parts fit in 32 floats.
+__device__ __forceinline__ int linear_parts(int rows, int n, int warps) {
+    const int groups = (rows + ROWS - 1) / ROWS;
+    if (groups == 0 || groups * ROWS > 16) return 1;
+    int parts = warps / groups;
+    if (parts > 32 / (groups * ROWS)) parts = 32 / (groups * ROWS);
+    if (parts > n / 32) parts = n / 32;
+    return parts >= 2 ? parts : 1;
+}
+
+// Rows o0 .. o0 + ROWS of the weight (a row past hi: read, not stored) against inputs k0, k0 + 32, ...
+// < k1 (in float4s where vec), lane by lane; then reduced over the warp (every lane holds the sums).
+__device__ __forceinline__ void linear_rows(const cydnnNetLayer &L, const float *in, long o0, long hi, bool vec,
+                                            int k0, int k1, float (&acc)[ROWS]) {
+    const int IN = L.c, lane = threadIdx.x % 32;
+    const float *wr[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        acc[r] = 0.0f;
+        wr[r] = L.weight + (o0 + r < hi ? o0 + r : o0) * IN;
+    }
+    if (vec) {
+        const float4 *x4 = reinterpret_cast<const float4 *>(in);
+#pragma unroll 2
+        for (int i = k0 + lane; i < k1; i += 32) {
+            const float4 x = x4[i];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) {
+                const float4 w = CYDNN_NET_LDW(reinterpret_cast<const float4 *>(wr[r]) + i);
+                acc[r] = fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, fmaf(w.w, x.w, acc[r]))));
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int i = k0 + lane; i < k1; i += 32) {
+            const float x = in[i];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(CYDNN_NET_LDW(wr[r] + i), x, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+}
+
 CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
-                             int rank, int ranks) {
-    const int IN = L.c, OUT = L.k;
+                             int rank, int ranks, float *part = nullptr) {
+    const int IN = L.c;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     long lo, hi;
-    share(OUT, rank, ranks, lo, hi);
+    share(L.k, rank, ranks, lo, hi);
     const bool vec = IN % 4 == 0 && (reinterpret_cast<uintptr_t>(L.weight) & 15) == 0;
-    for (long o0 = lo + (long)warp * ROWS; o0 < hi; o0 += (long)warps * ROWS) {
+    const int n = vec ? IN / 4 : IN, rows = (int)(hi - lo);
+    // parts == 1: warp w takes row groups w, w + warps, ... over all the inputs; else warp w takes part
+    // w % parts of row group w / parts (one group each: parts * groups <= warps).  One call of
+    // linear_rows either way (NVRTC's time grows with every inlined copy).
+    const int parts = part == nullptr ? 1 : linear_parts(rows, n, warps);
+    const int g = warp / parts, p = warp - g * parts, each = (n + parts - 1) / parts;
+    const int k0 = p * each, k1 = k0 + each < n ? k0 + each : n;
+    for (long o0 = lo + (long)g * ROWS; o0 < hi; o0 += (long)(warps / parts) * ROWS) {
         float acc[ROWS];
-        const float *wr[ROWS];
+        linear_rows(L, in, o0, hi, vec, k0, k1, acc);
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-            acc[r] = 0.0f;
-            wr[r] = L.weight + (o0 + r < hi ? o0 + r : o0) * IN;      // a row past the share: read, not stored
-        }
-        if (vec) {
-            const float4 *x4 = reinterpret_cast<const float4 *>(in);
-#pragma unroll 2
-            for (int i = lane; i < IN / 4; i += 32) {
-                const float4 x = x4[i];
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) {
-                    const float4 w = CYDNN_NET_LDW(reinterpret_cast<const float4 *>(wr[r]) + i);
-                    acc[r] = fmaf(w.x, x.x, fmaf(w.y, x.y, fmaf(w.z, x.z, fmaf(w.w, x.w, acc[r]))));
-                }
-            }
-        } else {
-#pragma unroll 4
-            for (int i = lane; i < IN; i += 32) {
-                const float x = in[i];
-#pragma unroll
-                for (int r = 0; r < ROWS; ++r) acc[r] = fmaf(CYDNN_NET_LDW(wr[r] + i), x, acc[r]);
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-            for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
             const long o = o0 + r;
-            if (o < hi && lane < ranks) cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc[r], (int)o);
+            if (parts > 1) {
+                if (lane == 0) part[(g * ROWS + r) * parts + p] = acc[r];
+            } else if (o < hi && lane < ranks) {
+                cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc[r], (int)o);
+            }
         }
+    }
+    if (parts == 1) return;                           // block-uniform
+    __syncthreads();
+    for (int t = threadIdx.x; t < rows * ranks; t += blockDim.x) {
+        const int row = t % rows, to = t / rows;
+        float s = 0.0f;
+        for (int q = 0; q < parts; ++q) s += part[row * parts + q];
+        cluster.map_shared_rank(next, to)[lo + row] = epilogue(L, s, (int)(lo + row));
     }
 }
 
@@ -198,7 +245,7 @@ CYDNN_NET_FN void forward_image(const cydnnNet &net, const float *x, float *y, f
             case CYDNN_NET_CONV:
                 conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap, cur, buf_floats);
                 break;
-            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks); break;
+            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks, red); break;
             case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;
             case CYDNN_NET_AVG_POOL: pool_layer(L, cur, next, cluster, rank, ranks, false); break;
             case CYDNN_NET_GLOBAL_AVG_POOL: gap_layer(L, cur, next, cluster, rank, ranks); break;

@@ -88,6 +88,24 @@ __device__ __forceinline__ float pool4(const cydnnNetLayer &L, const float (&s)[
     return POOL == CYDNN_NET_MAX_POOL ? v : v / 4.0f;
 }
 
+// Tile 7 with a pooling folded in and one way (no scratch: the fused training step; or too many work
+// items a block): each thread a whole 2x2 window of 4 channels, weights through the read-only cache.
+template <int KS, int POOL>
+__device__ __forceinline__ void one_way_pooled(const cydnnNetLayer &L, const float *in, float *next,
+                                               cg::cluster_group &cluster, int ranks, long lo, long hi, int QH,
+                                               int QW, int pxg, long row_items) {
+    for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
+        const int g = (int)(it / row_items), rest = (int)(it - g * row_items);
+        const int py = rest / pxg, px = rest - py * pxg, co0 = g * 4;
+        float acc[4][4] = {};
+        wsplit_sums<KS, POOL>(L, in, 0, L.c, 1, 2 * py, 2 * px, 0, nullptr, 0, 0, co0, acc);
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+            if (co0 + a < L.k)
+                store_all(cluster, next, ranks, ((long)(co0 + a) * QH + py) * QW + px, pool4<POOL>(L, acc[a], co0 + a));
+    }
+}
+
 // Tile 7: a thread computes 4 output channels x 4 pixels over the input channels s, s + S, s + 2S, ...
 // of its way s of S; the block's S partial tiles of a work item are then added in way order
 // (deterministic) through `scratch` -- the layer's input buffer, which nobody reads once every thread
@@ -98,8 +116,11 @@ __device__ __forceinline__ float pool4(const cydnnNetLayer &L, const float (&s)[
 // after the epilogue, so that only the pooled values go to the cluster's blocks (the broadcast, not the
 // arithmetic, bounds a one-image layer: docs/performance.md, session 25).  Without scratch (the fused
 // training step) or with fewer than 2 ways: one way, a work item's whole reduction a thread (POOL == 0:
-// conv_layer<4, 4>, which is that).
-template <int KS, int POOL>
+// conv_layer<4, 4>, which is that).  SPLIT: the caller knows the ways are 2 or more (a kernel generated for
+// one network: compiler/fused_net_gen.py computes them as wsplit_ways does), so the one-way paths are not
+// compiled at all (they were a third of NVRTC's time for such a kernel).  Were it wrong, no thread would be
+// active and the generated kernel's self-test against the interpreter would refuse it.
+template <int KS, int POOL, bool SPLIT = false>
 CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                             int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
     const int C = L.c, K = L.k, OH = L.oh, OW = L.ow;
@@ -109,25 +130,20 @@ CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *ne
     const long row_items = (long)QH * pxg, items = (long)cog * row_items;
     const long per = (items + ranks - 1) / ranks;
     const int S = scratch == nullptr ? 0 : wsplit_ways(C, per, kWsplitThreads, scratch_cap);
-    if (S == 0 && !POOL) {
-        conv_layer<4, 4, KS>(L, in, next, cluster, rank, ranks, wbuf, wcap);
-        return;
+    if constexpr (!SPLIT && !POOL) {
+        if (S == 0) {
+            conv_layer<4, 4, KS>(L, in, next, cluster, rank, ranks, wbuf, wcap);
+            return;
+        }
     }
     long lo, hi;
     share(items, rank, ranks, lo, hi);
     if (hi <= lo) return;                                      // block-uniform
-    if (S == 0) {                                              // POOL, one way: no scratch, no staging
-        for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
-            const int g = (int)(it / row_items), rest = (int)(it - g * row_items);
-            const int py = rest / pxg, px = rest - py * pxg, co0 = g * 4;
-            float acc[4][4] = {};
-            wsplit_sums<KS, POOL>(L, in, 0, C, 1, 2 * py, 2 * px, 0, nullptr, 0, 0, co0, acc);
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-                if (co0 + a < K)
-                    store_all(cluster, next, ranks, ((long)(co0 + a) * QH + py) * QW + px, pool4<POOL>(L, acc[a], co0 + a));
+    if constexpr (!SPLIT && POOL) {
+        if (S == 0) {                                          // POOL, one way: no scratch, no staging
+            one_way_pooled<KS, POOL>(L, in, next, cluster, ranks, lo, hi, QH, QW, pxg, row_items);
+            return;
         }
-        return;
     }
     const int n_items = (int)(hi - lo);
     const int c_lo = (int)(lo / row_items) * 4;

@@ -32,7 +32,7 @@ import weakref
 from pathlib import Path
 
 from . import _nvrtc as _nvrtc_mod
-from . import kernel_cache
+from . import fused_tiles, kernel_cache
 
 __all__ = ["source", "compile_cubin", "GenerationError", "KERNEL_NAME", "headers", "Generation",
            "GeneratedKernels", "enabled"]
@@ -48,7 +48,7 @@ _STUBS = {"stddef.h": "typedef unsigned long size_t;\n",
 _OPS = {"conv": "CYDNN_NET_CONV", "linear": "CYDNN_NET_LINEAR", "max_pool": "CYDNN_NET_MAX_POOL",
         "avg_pool": "CYDNN_NET_AVG_POOL", "global_avg_pool": "CYDNN_NET_GLOBAL_AVG_POOL",
         "epilogue": "CYDNN_NET_EPILOGUE"}
-_CALLS = {"linear": "linear_layer(L, cur, next, cluster, rank, RANKS);",
+_CALLS = {"linear": "linear_layer(L, cur, next, cluster, rank, RANKS, red);",
           "max_pool": "pool_layer(L, cur, next, cluster, rank, RANKS, true);",
           "avg_pool": "pool_layer(L, cur, next, cluster, rank, RANKS, false);",
           "global_avg_pool": "gap_layer(L, cur, next, cluster, rank, RANKS);",
@@ -67,16 +67,22 @@ _CONV = {7: ("conv_wsplit", ""), 6: ("conv_split", "16"), 5: ("conv_split", "8")
          2: ("conv_layer", "4, 1"), 1: ("conv_layer", "1, 4"), 0: ("conv_layer", "1, 1")}
 
 
-def _call(d):
+def _call(d, ranks=0, buf_floats=0):
     """The layer function call: for a convolution, the one template instance conv_dispatch and
     conv_sized / split_sized would reach for its tile and kernel size (instantiating only that one
-    saves NVRTC most of its time)."""
+    saves NVRTC most of its time).  Tile 7 on a cluster of ``ranks`` blocks with ``buf_floats`` of
+    scratch: where its reduction splits 2 ways or more (fused_tiles.wsplit_ways, the device's
+    wsplit_ways), the instance says so (SPLIT) and its one-way paths are not compiled.  A linear layer
+    gets the scratch of its split between warps only where a block may split (fused_tiles.linear_splits)."""
+    if d["op"] == "linear" and not (ranks and fused_tiles.linear_splits(d, ranks)):
+        return _CALLS["linear"].replace(", red);", ", nullptr);")    # no block splits: the split not compiled
     if d["op"] != "conv":
         return _CALLS[d["op"]]
     name, args = _CONV[int(d.get("tile", 0))]
     ks = d["kh"] if d["kh"] == d["kw"] and d["kh"] in (1, 3, 5) else 0
     if not args:                      # conv_wsplit (its pooling folded in or 0): the layer's input buffer is its scratch
-        return f"{name}<{ks}, {int(d.get('pool', 0))}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
+        split = ", true" if ranks and fused_tiles.wsplit_ways(d, ranks, buf_floats) >= 2 else ""
+        return f"{name}<{ks}, {int(d.get('pool', 0))}{split}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
     return f"{name}<{args}, {ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
 
 
@@ -114,7 +120,7 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
                   f"        L.num_epi = {len(epi)};" + "".join(f" L.epi[{s}] = {int(e)};" for s, e in enumerate(epi))
                   + f" L.act = {int(d.get('act', 0))}; L.slope = {float(d.get('slope', 0.0))!r}f;"
                   + f" L.bn_eps = {float(d.get('bn_eps', 0.0))!r}f;",
-                  f"        {_call(d)}",
+                  f"        {_call(d, ranks, buf_floats)}",
                   "        cluster.sync();",
                   "        float *t = cur; cur = next; next = t;",
                   "    }"]

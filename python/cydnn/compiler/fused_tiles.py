@@ -18,6 +18,12 @@ THREADS = 512
 #: images, few blocks each) take the cost model's choice, without tile 7
 TUNED_CLUSTERS = (4, 8, 16)
 TUNE_CANDIDATES = 3
+#: a pair folds where its one-layer table times under FOLD_MARGIN x the two layers apart (on the interpreter):
+#: a fold removes a layer and a cluster barrier, which the kernel generated for the network (what serves once
+#: NVRTC is done) gains more from than the interpreter does -- the 3x32x32 CNN's last convolution and
+#: pooling timed 4 % slower folded on the interpreter, and its generated kernel 1.3 us (4 %) faster folded
+#: (H100, docs/performance.md, session 26)
+FOLD_MARGIN = 1.10
 
 # tile code -> (output channels, output pixels, lanes sharing the reduction) per work item, biggest first;
 # 0 lanes: tile 7 (conv_wsplit), the reduction split between the block's threads through scratch
@@ -32,6 +38,28 @@ def wsplit_ways(layer, ranks, scratch_floats):
     per = -(-wsplit_items(layer) // ranks)
     ways = min(THREADS // per, layer["c"], scratch_floats // (16 * per))
     return ways if ways >= 2 else 0
+
+
+def linear_parts(rows, n, warps=THREADS // 32, group=4):
+    """The ways a linear layer's block splits each row group's inputs (cpp/fused_net_layers.cuh's
+    linear_parts): ``rows`` rows a block, ``n`` input steps (float4s where the inputs are a multiple of 4),
+    row groups of ``group``; 1 (no split) unless each part gets a warp's width of inputs and the parts fit
+    in 32 floats."""
+    groups = -(-rows // group)
+    if groups == 0 or groups * group > 16:
+        return 1
+    parts = min(warps // groups, 32 // (groups * group), n // 32)
+    return parts if parts >= 2 else 1
+
+
+def linear_splits(layer, ranks):
+    """Whether some block of a cluster of ``ranks`` may split linear ``layer``'s inputs between warps (its
+    rows: the share of the outputs, rounded down or up; its input steps: float4s, or floats where the weight
+    is not 16-byte aligned): a kernel generated for the network passes the split's scratch only then, so
+    that NVRTC compiles no split where none can happen."""
+    rows = {layer["k"] // ranks, -(-layer["k"] // ranks)}
+    steps = {layer["c"]} | ({layer["c"] // 4} if layer["c"] % 4 == 0 else set())
+    return any(linear_parts(r, n) > 1 for r in rows for n in steps)
 
 
 def wsplit_items(layer):
@@ -129,6 +157,33 @@ def staged(layer, ranks):
     return most
 
 
+# Timed choices, kept for the process: a network compiled again (a notebook's cell run twice, the tests, a
+# model rebuilt) takes the same tiles and folds without timing them again -- so the same generated source,
+# which the kernel cache (kernel_cache.py) then finds, and the same bits.  Keyed by the layers' shapes and
+# epilogues, the cluster size and the shared memory the layer has; never by the weights.
+_TIMED = {}
+_TIMED_MAX = 4096
+_KEY = ("op", "c", "h", "w", "k", "oh", "ow", "kh", "kw", "sh", "sw", "ph", "pw", "epi", "act", "slope", "pool",
+        "tile")
+
+
+def _key(*parts):
+    return tuple(tuple((f, tuple(p[f]) if isinstance(p.get(f), list) else p.get(f)) for f in _KEY)
+                 if isinstance(p, dict) else p for p in parts)
+
+
+def _remember(key, value):
+    if len(_TIMED) >= _TIMED_MAX:
+        _TIMED.clear()
+    _TIMED[key] = value
+    return value
+
+
+def forget():
+    """Forget the timed tiles and folds of this process (the next network is timed afresh)."""
+    _TIMED.clear()
+
+
 def _one_image(in_size, out_size):
     """A random input image and an output buffer on the device, for timing one-layer tables."""
     return (_C.to_device(np.random.default_rng(0).standard_normal(in_size).astype(np.float32)),
@@ -145,7 +200,13 @@ def tune(d, ranks, room, scratch_floats):
     cheapest tiles and tile 7 (where its reduction splits), each on a table of this one layer (its weights
     staged as the network's room allows), one image of random values, the least of two rounds of 20
     calls.  The cost model alone mispredicts by up to 3x between tiles whose costs are close (the
-    H100, docs/performance.md, session 25).  Sets ``d["tile"]`` and ``d["tile_us"]``."""
+    H100, docs/performance.md, session 25).  Sets ``d["tile"]`` and ``d["tile_us"]``; a layer of the same
+    shape timed before in this process takes that choice untimed."""
+    key = _key("tile", dict(d, tile=None), ranks, room, scratch_floats)
+    if key in _TIMED:
+        d["tile"], timed = _TIMED[key]
+        d["tile_us"] = dict(timed)
+        return
     costs = tile_costs(d, ranks, scratch_floats)
     codes = sorted(costs, key=costs.get)[:TUNE_CANDIDATES]
     if costs.get(7, float("inf")) < float("inf") and 7 not in codes:
@@ -158,13 +219,15 @@ def tune(d, ranks, room, scratch_floats):
         timed[code] = _us(_C.FusedNet([layer], in_size, out_size, False, min(room, staged(layer, ranks))), x, y, ranks)
     d["tile"] = min(timed, key=timed.get)
     d["tile_us"] = timed
+    _remember(key, (d["tile"], dict(timed)))
 
 
 def fold(bound, ranks, room):
     """``bound`` with each convolution followed by a 2x2 stride-2 pooling (no epilogue of its own) folded
     into one layer of tile 7 (cpp/fused_net_wsplit.cuh: the pooled values alone are stored into the
-    cluster's blocks, one barrier fewer) where that table times faster than the two layers apart, each
-    on one image of random values.  The folded layer keeps both timings in ``fold_us``.  ``$CYDNN_FUSED_FOLD``
+    cluster's blocks, one barrier fewer) where that table times under FOLD_MARGIN x the two layers apart, each
+    on one image of random values (a pair of the same shapes timed before in this process: that choice).
+    The folded layer keeps both timings in ``fold_us``.  ``$CYDNN_FUSED_FOLD``
     (a switch for tests and debugging): auto (the default), always (every pair that folds, untimed), off."""
     mode = os.environ.get("CYDNN_FUSED_FOLD", "auto").strip() or "auto"
     if mode not in ("auto", "always", "off"):
@@ -184,12 +247,16 @@ def fold(bound, ranks, room):
             out.append(folded)
             i += 2
             continue
-        in_size = d["c"] * d["h"] * d["w"]
-        x, y = _one_image(in_size, size(after))
-        apart = _C.FusedNet([d, after], in_size, size(after), False, min(room, staged(d, ranks)))
-        one = _C.FusedNet([folded], in_size, size(after), False, min(room, staged(folded, ranks)))
-        timed = {"apart": _us(apart, x, y, ranks), "folded": _us(one, x, y, ranks)}
-        if timed["folded"] < timed["apart"]:
+        key = _key("fold", d, after, ranks, room)
+        timed = _TIMED.get(key)
+        if timed is None:
+            in_size = d["c"] * d["h"] * d["w"]
+            x, y = _one_image(in_size, size(after))
+            apart = _C.FusedNet([d, after], in_size, size(after), False, min(room, staged(d, ranks)))
+            one = _C.FusedNet([folded], in_size, size(after), False, min(room, staged(folded, ranks)))
+            timed = _remember(key, {"apart": _us(apart, x, y, ranks), "folded": _us(one, x, y, ranks)})
+        timed = dict(timed)
+        if timed["folded"] < FOLD_MARGIN * timed["apart"]:
             folded["fold_us"] = timed
             out.append(folded)
         else:

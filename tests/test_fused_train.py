@@ -310,7 +310,12 @@ def test_twenty_steps_follow_the_plan(name, make_opt, monkeypatch):
                                                   "CYDNN_LINEAR": "library"}, monkeypatch)
     spread3 = [float(lib_step(x, y)) for x, y in batches]
     self_loss = np.maximum.accumulate(np.max(np.abs(np.subtract([spread, spread2, spread3], want)), axis=0))
-    assert np.all(np.abs(np.subtract(got, want)) <= 10 * self_loss + 2e-5 * np.abs(want)), (got, want, self_loss)
+    # Adam's normalisation carries a rounding difference on: the per-op path with its batch rows shuffled drifts
+    # 1e-5 to 2e-4 from itself over these 20 steps (measured in docs/performance.md, session 21), yet the
+    # three perturbations above all stayed within one ulp of the loss in two device runs (sessions 21 and 26),
+    # so for Adam the floor is that measured drift, relative: 1e-4 (a wrong gradient moves the loss by 1e-2)
+    floor = 1e-4 if isinstance(make_opt(make().parameters()), optim.Adam) else 2e-5      # AdamW is an Adam
+    assert np.all(np.abs(np.subtract(got, want)) <= 10 * self_loss + floor * np.abs(want)), (got, want, self_loss)
     for (n, a), (_, b), *others in zip(model.named_parameters(), ref.named_parameters(), other.named_parameters(),
                                        nudged.named_parameters(), lib.named_parameters()):
         want_p = b.data.numpy()

@@ -7,8 +7,10 @@
   --fold   each network's whole table on one image with its 2x2 poolings folded into the convolutions
            before them where that timed faster ($CYDNN_FUSED_FOLD=auto) and with none folded (off), and
            explain()'s line of the tiles and folds at 16 blocks.
+  --prefix the kernel generated (NVRTC) for each prefix of each network's table, timed: what each layer adds
+           to the generated kernel, and to the interpreter's.
 
-Usage (on the GPU machine): python3 benchmarks/bench_fused_layers.py --tiles|--fold [--models a,b] [--clusters 8,16]
+Usage (on the GPU machine): python3 benchmarks/bench_fused_layers.py --tiles|--fold|--prefix [--models a,b] [--clusters 8,16]
 """
 import argparse
 import os
@@ -79,19 +81,51 @@ def fold(name, clusters):
     print("  " + next(line for line in net.explain().splitlines() if "tiles" in line))
 
 
+def prefix(name, clusters):
+    """The kernel generated for each prefix of the network's table (layers 0..i, its tiles and folds as the
+    compiler chose them), timed on one image of device arrays: what each layer adds to the generated
+    kernel, beside what it adds to the interpreter's."""
+    from cydnn.compiler import fused_net_gen
+    model, shape = build(name)
+    model.to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fn.FusedNetwork(fn.describe(nodes), shape, nodes[-1].out_shape[1:], False, 1)
+    x = _C.to_device(np.random.default_rng(3).standard_normal(net.in_size).astype(np.float32))
+    for r in clusters:
+        bound, wcap = net._bound[r]
+        tables = [_C.FusedNet(bound[:i + 1], net.in_size, ft.size(bound[i]), False, wcap) for i in range(len(bound))]
+        gens = [fused_net_gen.Generation(fused_net_gen.source(bound[:i + 1], r, wcap, (t.smem_bytes // 4 - wcap) // 2,
+                                                              net.in_size, ft.size(bound[i]), False))
+                for i, t in enumerate(tables)]
+        last_i = last_g = 0.0
+        cells = []
+        for d, t, g in zip(bound, tables, gens):
+            g.wait()
+            kernel = _C.NetKernel(g.result(), fused_net_gen.KERNEL_NAME, r)
+            y = _C.empty((ft.size(d),))
+            interp = _us(t, x, y, r)
+            gen = 1e6 * min(time_calls(lambda: t.forward(x, y, 1, r, kernel), 200) for _ in range(3))
+            label = d["op"] + (f" t{d['tile']}" if d["op"] == "conv" else "") + (" +pool" if d.get("pool") else "")
+            cells.append(f"{label} {gen - last_g:+.1f} ({interp - last_i:+.1f}; NVRTC {g.seconds:.2f} s)")
+            last_i, last_g = interp, gen
+        print(f"{name} {r} blocks, generated kernel us per prefix, added by each layer (interpreter's): "
+              + " | ".join(cells) + f" | whole: generated {last_g:.1f}, interpreter {last_i:.1f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tiles", action="store_true")
     p.add_argument("--fold", action="store_true")
+    p.add_argument("--prefix", action="store_true")
     p.add_argument("--models", default=CNNS)
     p.add_argument("--clusters", default="8,16")
     a = p.parse_args()
-    if a.tiles == a.fold:
-        p.error("give one of --tiles and --fold")
+    if a.tiles + a.fold + a.prefix != 1:
+        p.error("give one of --tiles, --fold and --prefix")
     clusters = [int(c) for c in a.clusters.split(",")]
     print(f"GPU {_C.device_name()}; cydnn {cydnn.__version__}")
     for name in a.models.split(","):
-        (tiles if a.tiles else fold)(name, clusters)
+        (tiles if a.tiles else fold if a.fold else prefix)(name, clusters)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def prefix(name, clusters):
     """The kernel generated for each prefix of the network's table (layers 0..i, its tiles and folds as the
     compiler chose them), timed on one image of device arrays: what each layer adds to the generated
     kernel, beside what it adds to the interpreter's."""
-    from cydnn.compiler import fused_net_gen
+    from cydnn.compiler import fused_net_gen, nvrtc_jobs
     model, shape = build(name)
     model.to("cuda").eval()
     nodes = trace(model, shape, 1)
@@ -94,8 +94,8 @@ def prefix(name, clusters):
     for r in clusters:
         bound, wcap = net._bound[r]
         tables = [_C.FusedNet(bound[:i + 1], net.in_size, ft.size(bound[i]), False, wcap) for i in range(len(bound))]
-        gens = [fused_net_gen.Generation(fused_net_gen.source(bound[:i + 1], r, wcap, (t.smem_bytes // 4 - wcap) // 2,
-                                                              net.in_size, ft.size(bound[i]), False))
+        gens = [nvrtc_jobs.Generation(fused_net_gen.source(bound[:i + 1], r, wcap, (t.smem_bytes // 4 - wcap) // 2,
+                                                           net.in_size, ft.size(bound[i]), False))
                 for i, t in enumerate(tables)]
         last_i = last_g = 0.0
         cells = []

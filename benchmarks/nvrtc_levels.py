@@ -1,21 +1,23 @@
 """NVRTC's -Ofast-compile levels ($CYDNN_NVRTC_FAST_COMPILE): for each zoo network's one-image kernel at a
-cluster of 16, each level's NVRTC time (in this process, no disk cache), the largest difference of its
-outputs from the interpreter's, and its time per launch against the interpreter's (best of 3 x 300).
+cluster of 16, each level's NVRTC time (each compile in a fresh child process, as the compiler runs them, no disk
+cache: a compile at an -Ofast-compile level changes what later compiles in the same process give -- NVRTC 13,
+seen in session 26, after session 21's figures were taken in one process), the largest difference of its outputs
+from the interpreter's, and its time per launch against the interpreter's (best of 3 x 300).
 
     python3 benchmarks/nvrtc_levels.py lenet5_16_32_fc512,cnn32_24_48_96,allconv_stride2,smallcnn_bn
 """
 import os
 import sys
-import time
 
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_zoo  # noqa: E402
 from cydnn import _C  # noqa: E402
-from cydnn.compiler import fused_net, fused_net_gen  # noqa: E402
+from cydnn.compiler import fused_net, fused_net_gen, nvrtc_jobs  # noqa: E402
 from cydnn.compiler.executor import time_calls  # noqa: E402
 from cydnn.compiler.trace import trace  # noqa: E402
 LEVELS = ("off", "min", "mid", "max")
+os.environ["CYDNN_KERNEL_CACHE"] = "off"
 for name in sys.argv[1].split(","):
     model, shape = bench_zoo.build(name)
     model.to("cuda").eval()
@@ -35,9 +37,9 @@ for name in sys.argv[1].split(","):
     for lv in LEVELS:
         os.environ["CYDNN_NVRTC_FAST_COMPILE"] = lv
         assert lv == "off" or fused_net_gen._options("sm_90")[-1] == "-Ofc=" + lv
-        t = time.perf_counter()
-        cubin = fused_net_gen.compile_cubin(text)
-        dt = time.perf_counter() - t
+        gen = nvrtc_jobs.Generation(text)
+        gen.wait()
+        cubin, dt = gen.result(), gen.seconds
         k = _C.NetKernel(cubin, fused_net_gen.KERNEL_NAME, c)
         table.forward(x, out, 4, c, k)
         diff = float(np.max(np.abs(out.numpy() - ref.numpy())))

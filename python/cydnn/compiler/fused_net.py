@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from .. import _C
-from . import fused_net_gen, fused_tiles
+from . import fused_net_gen, fused_tiles, nvrtc_jobs
 from .executor import time_calls
 from .fused_tiles import THREADS, TUNED_CLUSTERS  # noqa: F401  (THREADS: the kernel's, for the tables' users)
 from .fused_tiles import channels as _channels, size as _size, staged as _staged, tile as _tile
@@ -164,7 +164,8 @@ class FusedNetwork:
             # a folded pooling's input is no activation any more)
             self._bufs[r] = (self.tables[r].smem_bytes // 4 - wcap) // 2
         # kernels generated for this network (fused_net_gen.py), per cluster size, compiled in the background
-        self.generated = fused_net_gen.GeneratedKernels(self._source, self._trial, on)
+        # (nvrtc_jobs.py)
+        self.generated = nvrtc_jobs.GeneratedKernels(self._source, self._trial, on)
         self.capacity = capacity
         self._dx = _C.empty((capacity * self.in_size,))
         self._dy = _C.empty((capacity * self.out_size,))

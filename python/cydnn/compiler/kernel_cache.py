@@ -1,4 +1,4 @@
-"""A disk cache of the kernels NVRTC compiles for a network (fused_net_gen.py's Generation).
+"""A disk cache of the kernels NVRTC compiles for a network (nvrtc_jobs.py's Generation).
 
 The same source, headers, options and NVRTC give the same cubin, so a program run again (a notebook
 re-run, a script, a service restarting) takes it from disk in milliseconds instead of NVRTC's 0.3-2 s.

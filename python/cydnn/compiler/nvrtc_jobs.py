@@ -1,0 +1,213 @@
+"""NVRTC in the background: the kernels generated for a fused network (fused_net_gen.py writes their source)
+compiled in child processes, a few at a time, through the disk cache (kernel_cache.py), and adopted by the
+network once they give the interpreter's outputs and run faster.
+
+``Generation(text)``: one compile (``done()``, ``wait()``, ``result()``, ``kill()``); ``GeneratedKernels``:
+a network's kernels by cluster size (``start``, ``get``, ``wait``, ``info``).
+"""
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+from . import _nvrtc as _nvrtc_mod
+from . import fused_net_gen as gen_source        # NVRTC's library, options and headers (looked up at each compile)
+from . import kernel_cache
+from .fused_net_gen import ARCH, KERNEL_NAME, GenerationError
+
+__all__ = ["Generation", "GeneratedKernels", "MAX_RUNNING"]
+
+
+class Generation:
+    """One background compile: ``text`` -> cubin by NVRTC in a child process (compiler/_nvrtc.py), so
+    that neither a compile still running at exit nor a crash inside NVRTC touches this process; one
+    still running when the program exits is killed.  At most MAX_RUNNING children run at once (the
+    others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
+    from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
+    ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
+    raises the GenerationError."""
+
+    def __init__(self, text, arch=ARCH):
+        self.cubin, self.error, self.seconds, self.cached = None, None, None, False
+        self._t0 = time.perf_counter()
+        self._dir, self._proc, self._cache, self._key = None, None, None, None
+        try:
+            spec = {"lib": gen_source._nvrtc(), "text": text, "headers": gen_source.headers(),
+                    "options": gen_source._options(arch)}
+            self._cache = kernel_cache.cache_dir()
+            self._key = kernel_cache.key(text, spec["headers"], spec["options"], gen_source._nvrtc_identity())
+        except GenerationError as e:
+            self._finish(e)
+            return
+        cubin = kernel_cache.load(self._cache, self._key)
+        if cubin is not None:
+            self.cubin, self.cached = cubin, True
+            self._finish()
+            return
+        try:
+            self._dir = tempfile.mkdtemp(prefix="cydnn-nvrtc-")
+            self._out = os.path.join(self._dir, "kernel.cubin")
+            self._spec = os.path.join(self._dir, "spec.json")
+            with open(self._spec, "w") as f:
+                json.dump(spec, f)
+        except OSError as e:
+            self._finish(GenerationError(f"cannot write NVRTC's input: {e}"))
+            return
+        _queue.append(self)
+        _pump()
+
+    def _start(self):
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-I", _nvrtc_mod.__file__, self._spec, self._out],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE)
+            _running.add(self)
+        except OSError as e:
+            self._finish(GenerationError(f"cannot start NVRTC: {e}"))
+
+    def _finish(self, error=None):
+        self.error, self.seconds = error, time.perf_counter() - self._t0
+        _running.discard(self)
+        if self in _queue:
+            _queue.remove(self)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        _pump()
+
+    def done(self):
+        if self.seconds is None and self._proc is not None and self._proc.poll() is not None:
+            self._collect()
+        _pump()
+        return self.seconds is not None
+
+    def _collect(self):
+        code, err = self._proc.returncode, self._proc.stderr.read().decode(errors="replace")
+        self._proc.stderr.close()
+        if code == 0 and os.path.isfile(self._out):
+            with open(self._out, "rb") as f:
+                self.cubin = f.read()
+            kernel_cache.store(self._cache, self._key, self.cubin)
+            self._finish()
+        elif os.path.isfile(self._out + ".err"):
+            with open(self._out + ".err") as f:
+                self._finish(GenerationError(f.read()))
+        else:
+            self._finish(GenerationError(f"the NVRTC process ended with status {code}: {err[-1000:]}"))
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            for gen in list(_running):              # whichever runs: this one, or those before it
+                gen.done()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def kill(self, why="killed: the program exited before the compile ended"):
+        if self.seconds is not None:
+            return
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            self._proc.stderr.close()
+        self._finish(GenerationError(why))
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.cubin
+
+
+#: NVRTC children running at once (each takes a core for 0.2-20 s)
+MAX_RUNNING = max(1, (os.cpu_count() or 2) // 2)
+_running, _queue = set(), []
+
+
+def _pump():
+    """Start waiting compiles while fewer than MAX_RUNNING run."""
+    while _queue and len(_running) < MAX_RUNNING:
+        _queue.pop(0)._start()
+
+
+@atexit.register
+def _kill_running():
+    """At exit: the waiting compiles never start, the running ones are killed (both end as killed, so
+    that nothing is left for a finaliser to do while the interpreter tears its modules down)."""
+    waiting = list(_queue)
+    _queue.clear()
+    for gen in waiting + list(_running):
+        gen.kill()
+
+
+class GeneratedKernels:
+    """The generated kernels of one fused network, by cluster size: compiling (a Generation), in use
+    (a NetKernel), or refused (the reason).  ``get(cluster)`` is what every call asks: the kernel in
+    use or None, adopting a finished compile on the way -- loaded, checked against the interpreter
+    and timed by ``trial(cluster, kernel)`` (the network's), kept only if it gives the same outputs and
+    runs faster.  ``info`` says what happened to each."""
+
+    def __init__(self, make_source, trial, on=True):
+        # the network's own methods, held weakly: the network holds this object, and a reference cycle
+        # would keep its device buffers until the next garbage collection instead of until it goes
+        self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
+        self._pending, self._ready, self.info = {}, {}, {}
+        self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
+
+    def __del__(self):
+        for gen in getattr(self, "_pending", {}).values():     # the network went: its compiles are not needed
+            gen.kill("dropped: the network went before the compile ended")
+
+    def start(self, cluster):
+        """Generate and compile (in the background) the kernel for ``cluster``, once.  Returns whether a kernel
+        for it is compiling or in use."""
+        if self.reason is None and cluster not in self._pending and cluster not in self.info:
+            self._pending[cluster] = Generation(self._make_source()(cluster))
+            self.info[cluster] = {"status": "compiling"}
+        return cluster in self._pending or cluster in self._ready
+
+    def compiling(self, cluster):
+        """Whether ``cluster``'s kernel is still being compiled (its compile not yet adopted or refused)."""
+        gen = self._pending.get(cluster)
+        return gen is not None and not gen.done()
+
+    def get(self, cluster):
+        kernel = self._ready.get(cluster)
+        if kernel is None and cluster in self._pending and self._pending[cluster].done():
+            kernel = self._adopt(cluster)
+        return kernel
+
+    def wait(self, cluster, timeout=120):
+        """Block until ``cluster``'s compile is done and adopted or refused (tests, benchmarks)."""
+        gen = self._pending.get(cluster)
+        if gen is not None:
+            gen.wait(timeout)
+        return self.get(cluster)
+
+    def source(self, cluster):
+        return self._make_source()(cluster)
+
+    def _adopt(self, cluster):
+        from .. import _C
+        gen = self._pending.pop(cluster)
+        info = self.info[cluster]
+        info["compile_s"] = round(gen.seconds, 2)
+        info["cached"] = gen.cached
+        try:
+            kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)
+            ok, trial = self._trial()(cluster, kernel)
+        except (GenerationError, _C.CydnnError) as e:
+            info.update(status="refused", reason=str(e))
+            return None
+        info.update(trial)
+        if not ok:
+            info["status"] = "not used"
+            return None
+        info["status"] = "in use"
+        self._ready[cluster] = kernel
+        return kernel

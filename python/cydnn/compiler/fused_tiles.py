@@ -54,10 +54,12 @@ def linear_parts(rows, n, warps=THREADS // 32, group=4):
 
 def linear_splits(layer, ranks):
     """Whether some block of a cluster of ``ranks`` may split linear ``layer``'s inputs between warps (its
-    rows: the share of the outputs, rounded down or up; its input steps: float4s, or floats where the weight
-    is not 16-byte aligned): a kernel generated for the network passes the split's scratch only then, so
-    that NVRTC compiles no split where none can happen."""
-    rows = {layer["k"] // ranks, -(-layer["k"] // ranks)}
+    rows: its share of the outputs, as the device's ``share`` gives them -- ceil(k / ranks) a block, the last
+    ones fewer or none; its input steps: float4s, or floats where the weight is not 16-byte aligned): a
+    kernel generated for the network passes the split's scratch only then, so that NVRTC compiles no split
+    where none can happen."""
+    per = -(-layer["k"] // ranks)
+    rows = {max(0, min(per, layer["k"] - per * rank)) for rank in range(ranks)}
     steps = {layer["c"]} | ({layer["c"] // 4} if layer["c"] % 4 == 0 else set())
     return any(linear_parts(r, n) > 1 for r in rows for n in steps)
 

@@ -68,6 +68,40 @@ def test_a_generated_split_tile_says_so_only_where_it_splits():
     assert "<3, 0, true>" in fused_net_gen._call(d, 16, 10 ** 6)
 
 
+@pytest.mark.parametrize("ranks", [1, 4, 16])
+def test_nvrtc_compiles_the_split_and_folded_instances_of_a_network(ranks):
+    """CPU (NVRTC needs no GPU; CI has it): the CNN with every convolution on tile 7 and its max poolings folded, one
+    average pooling folded too, at 1, 4 and 16 blocks -- tile 7 SPLIT and not, pooled and not, linear layers with
+    and without their split's scratch -- compiles to a cubin.  (That it runs right: the GPU test below.)"""
+    from test_compiler import ZOO
+    from test_fused_net_gen import NVRTC_MISSING
+    from cydnn.compiler import fused_net_gen
+    from cydnn.compiler.trace import trace
+    if NVRTC_MISSING is not None:
+        pytest.skip(f"no NVRTC here: {NVRTC_MISSING}")
+    make, shape = ZOO["cnn32"]
+    bound = [fused_net.FusedNetwork._bind(layer, ranks) for layer in fused_net.describe(trace(make(), shape, 1))]
+    out, i = [], 0
+    while i < len(bound):
+        d = bound[i]
+        if d["op"] == "conv" and fused_tiles.foldable(d, bound[i + 1]):
+            kind = "avg_pool" if not out else bound[i + 1]["op"]               # the first folded as an average
+            out.append(dict(d, tile=7, pool=_C.NET_OPS[kind]))
+            i += 2
+            continue
+        out.append(d)
+        i += 1
+    buf = -(-max([3 * 32 * 32] + [fused_tiles.size(d) for d in out]) // 4) * 4
+    text = fused_net_gen.source(out, ranks, 4000, buf, 3 * 32 * 32, 10, True)
+    convs = [line for line in text.splitlines() if "conv_wsplit<" in line]
+    split = [", true>(" in line for line in convs]
+    assert split == [fused_tiles.wsplit_ways(d, ranks, buf) >= 2 for d in out if d["op"] == "conv"]
+    assert any(split) == (ranks > 1) and all(split) == (ranks == 16)     # at 4 blocks: both kinds
+    assert "conv_wsplit<3, %d" % _C.NET_OPS["avg_pool"] in convs[0] and "RANKS, red);" in text
+    assert ("RANKS, nullptr);" in text) == (ranks < 16)                   # fc1's 128 rows split only at 16 blocks
+    assert fused_net_gen.compile_cubin(text)[:4] == b"\x7fELF"
+
+
 def test_the_split_ways_follow_threads_channels_and_scratch():
     _, d = _layer("mid")                         # 12 x 16 x 4 = 768 work items of 4x4
     assert fused_tiles.wsplit_ways(d, 16, 10 ** 6) == 10          # 48 a block: 512 // 48 threads

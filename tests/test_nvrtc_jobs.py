@@ -108,6 +108,26 @@ def test_a_background_compile_runs_in_a_child_process_and_can_be_killed():
 
 
 @needs_nvrtc
+def test_a_compile_is_timed_by_the_child_not_by_when_it_is_looked_at(tmp_path, monkeypatch):
+    """``seconds`` ends when NVRTC's child finished (its own record), however late the parent looks; NVRTC's own
+    part is kept too (the compile time reported: bench_zoo, info()["fused_net"]["generated"])."""
+    import time
+    monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path))
+    _, _, nodes, layers = _layers("mlp")
+    text = fused_net_gen.source([fused_net.FusedNetwork._bind(layer, 16) for layer in layers], 16, 0, 784, 784, 10,
+                                True)
+    t0 = time.perf_counter()
+    gen = nvrtc_jobs.Generation(text)
+    gen._proc.wait(120)                                # the child is done; nobody has looked yet
+    time.sleep(1.0)
+    assert gen.done() and gen.result()[:4] == b"\x7fELF"
+    late = time.perf_counter() - t0
+    assert 0 < gen.nvrtc_seconds <= gen.seconds <= late - 0.9, (gen.nvrtc_seconds, gen.seconds, late)
+    again = nvrtc_jobs.Generation(text)                # from the disk cache: no NVRTC
+    assert again.done() and again.cached and again.nvrtc_seconds is None
+
+
+@needs_nvrtc
 def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(monkeypatch):
     monkeypatch.setattr(nvrtc_jobs, "MAX_RUNNING", 1)
     _, _, nodes, layers = _layers("mlp")

@@ -30,11 +30,13 @@ class Generation:
     others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
     from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
     ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
-    raises the GenerationError."""
+    raises the GenerationError.  ``seconds``: from the Generation's making until the compile ended (the child's
+    own clock where NVRTC ran, so not later when nobody looked); ``nvrtc_seconds``: NVRTC's part of it (None
+    from the cache)."""
 
     def __init__(self, text, arch=ARCH):
-        self.cubin, self.error, self.seconds, self.cached = None, None, None, False
-        self._t0 = time.perf_counter()
+        self.cubin, self.error, self.seconds, self.cached, self.nvrtc_seconds = None, None, None, False, None
+        self._t0, self._wall0 = time.perf_counter(), time.time()
         self._dir, self._proc, self._cache, self._key = None, None, None, None
         try:
             spec = {"lib": gen_source._nvrtc(), "text": text, "headers": gen_source.headers(),
@@ -70,8 +72,8 @@ class Generation:
         except OSError as e:
             self._finish(GenerationError(f"cannot start NVRTC: {e}"))
 
-    def _finish(self, error=None):
-        self.error, self.seconds = error, time.perf_counter() - self._t0
+    def _finish(self, error=None, seconds=None):
+        self.error, self.seconds = error, time.perf_counter() - self._t0 if seconds is None else seconds
         _running.discard(self)
         if self in _queue:
             _queue.remove(self)
@@ -92,12 +94,22 @@ class Generation:
             with open(self._out, "rb") as f:
                 self.cubin = f.read()
             kernel_cache.store(self._cache, self._key, self.cubin)
-            self._finish()
+            self._finish(seconds=self._child_seconds())
         elif os.path.isfile(self._out + ".err"):
             with open(self._out + ".err") as f:
                 self._finish(GenerationError(f.read()))
         else:
             self._finish(GenerationError(f"the NVRTC process ended with status {code}: {err[-1000:]}"))
+
+    def _child_seconds(self):
+        """Seconds from the making until the child finished, by its own record (None where it left none)."""
+        try:
+            with open(self._out + ".time") as f:
+                t = json.load(f)
+            self.nvrtc_seconds = float(t["nvrtc_s"])
+            return min(time.perf_counter() - self._t0, max(self.nvrtc_seconds, float(t["end"]) - self._wall0))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def wait(self, timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -197,6 +209,7 @@ class GeneratedKernels:
         gen = self._pending.pop(cluster)
         info = self.info[cluster]
         info["compile_s"] = round(gen.seconds, 2)
+        info["nvrtc_s"] = None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2)
         info["cached"] = gen.cached
         try:
             kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)

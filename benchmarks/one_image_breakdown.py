@@ -13,7 +13,6 @@ Usage (on the GPU machine): python3 benchmarks/one_image_breakdown.py cnn32_24_4
 """
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -23,17 +22,11 @@ from cydnn.compiler.executor import time_calls
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_zoo  # noqa: E402
+from bench_inference import percentile_us  # noqa: E402
 
 
 def p50(fn, n=3000):
-    for _ in range(200):
-        fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return round(1e6 * float(np.median(ts)), 1)
+    return round(percentile_us(fn, n)["p50_us"], 1)
 
 
 def main(names):

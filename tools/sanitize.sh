@@ -51,10 +51,12 @@ for tool in $TOOLS; do
       -k "$COMPILER" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # The fused network (fused_net.cu): every layer kind at every cluster size; inputs and outputs in
-  # mapped host memory; every convolution tile (the split one's scratch in the input buffer) on three shapes.
+  # mapped host memory; every convolution tile (the split one's scratch in the input buffer) on three shapes; the
+  # linear layer split between warps (its parts in shared memory), float4 and float inputs.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/test_fused_net.py tests/test_fused_net_tiles.py \
-      -k "every_cluster or mapped_and_staged or every_tile_gives and (mid or odd or deeper)" >>"$log" 2>&1
+      tests/test_fused_net.py tests/test_fused_net_tiles.py tests/test_fused_net_linear.py \
+      -k "every_cluster or mapped_and_staged or every_tile_gives and (mid or odd or deeper) \
+or split_between_warps and (2048 or 1537)" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # The implicit-GEMM convolution (conv_igemm.cu): every tile, split reductions, the data gradient beside cuDNN's
   # filter gradient on the second stream; three shapes (partial tiles, a 7x7 plane, 27 chunks).

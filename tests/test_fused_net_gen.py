@@ -85,8 +85,8 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
     _, _, nodes, layers = _layers(name)
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     direct = fused_net_gen.source(bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])),
-                                  int(np.prod(nodes[-1].out_shape[1:])), False)
-    dispatched = direct
+                                  int(np.prod(nodes[-1].out_shape[1:])), False, split=False)   # one function:
+    dispatched = direct                # with one a layer, NVRTC declares the globals in the order first used
     for d in bound:
         if d["op"] == "conv":
             assert fused_net_gen._call(d) in dispatched
@@ -109,16 +109,47 @@ def test_the_fast_compile_level(text, want):
         fused_net_gen.fast_compile({"CYDNN_NVRTC_FAST_COMPILE": "O1"})
 
 
+@pytest.mark.parametrize("text, want", [(None, True), ("1", True), (" 0 ", False), ("", True)])
+def test_the_split_switch(text, want):
+    assert fused_net_gen.split_layers({} if text is None else {"CYDNN_NVRTC_SPLIT": text}) == want
+    with pytest.raises(ValueError, match="CYDNN_NVRTC_SPLIT must be 0 or 1, got 'yes'"):
+        fused_net_gen.split_layers({"CYDNN_NVRTC_SPLIT": "yes"})
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["allconv", "odd"])
+def test_one_function_a_layer_calls_the_same_layers_on_the_same_buffers(name):
+    """The split source (one ``__noinline__`` function a layer, for --split-compile) holds the inlined source's
+    layer bodies line for line; layer i reads buffer i % 2 and the output is read from where the last layer
+    wrote; NVRTC takes both.  (Their outputs against the interpreter's, bit for bit: test_fused_net_tiles.py
+    on the device, with the split form the default.)"""
+    import re
+    _, _, nodes, layers = _layers(name)
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    args = (bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])), int(np.prod(nodes[-1].out_shape[1:])), True)
+    one, split = fused_net_gen.source(*args, split=False), fused_net_gen.source(*args, split=True)
+    body = lambda text: [re.sub(r"net\.layers\[\d+\]\.", "", t.strip()) for t in text.splitlines()       # noqa: E731
+                         if t.strip().startswith(("L.", "cydnnNetLayer", "conv_", "linear_", "pool_", "gap_", "epilogue_"))]
+    assert body(one) == body(split) and len(body(one)) >= 4 * len(bound)
+    assert re.findall(r"    layer_(\d+)\(", split) == [str(i) for i in range(len(bound))]
+    for i in range(len(bound)):
+        assert f"float *cur = smem + {i % 2} * BUF, *next = smem + {(i + 1) % 2} * BUF" in split
+    assert f"cur = {'smem + BUF' if len(bound) % 2 else 'cur'};" in split
+    for text in (one, split):
+        assert fused_net_gen.compile_cubin(text)[:4] == b"\x7fELF"
+
+
 @needs_nvrtc
 def test_a_fast_compile_level_is_an_option_of_nvrtc_and_of_the_cache_key(monkeypatch, tmp_path):
     """(NVRTC is run in child processes here: an -Ofast-compile compile changes what later compiles in the same
     process give -- NVRTC 13, seen in session 26 -- and the background compiles each have a process.)"""
     base = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device"]
-    assert fused_net_gen._options("sm_90", "off") == base
+    assert fused_net_gen._options("sm_90", "off", split=False) == base
+    assert fused_net_gen._options("sm_90", "off", split=True) == base + ["--split-compile=0"]
     if fused_net_gen._nvrtc_mod.version(fused_net_gen._nvrtc()) >= (12, 8):
-        assert fused_net_gen._options("sm_90", "mid") == base + ["-Ofc=mid"]
+        assert fused_net_gen._options("sm_90", "mid", split=False) == base + ["-Ofc=mid"]
     monkeypatch.setattr(fused_net_gen._nvrtc_mod, "version", lambda lib: (12, 4))      # an NVRTC without it
-    assert fused_net_gen._options("sm_90", "mid") == base
+    assert fused_net_gen._options("sm_90", "mid", split=False) == base
     monkeypatch.undo()
     _, _, nodes, layers = _layers("mlp")
     text = fused_net_gen.source([fused_net.FusedNetwork._bind(layer, 16) for layer in layers], 16, 0, 784, 784, 10,
@@ -262,7 +293,7 @@ def test_a_kernel_from_the_disk_cache_runs_and_gives_nvrtcs_outputs(tmp_path, mo
         assert info["max_diff"] <= 1e-5 and info["status"] in ("in use", "not used"), info
         runs.append((info["cached"], infer(x)))
     assert [cached for cached, _ in runs] == [False, True]
-    assert len(list((tmp_path / "kernels").iterdir())) == 1
+    assert len(list((tmp_path / "kernels").iterdir())) == len(nvrtc_jobs.FORMS)      # one entry a form
     np.testing.assert_array_equal(runs[1][1], runs[0][1])
     np.testing.assert_allclose(runs[1][1], want, rtol=1e-5, atol=2e-6)
 

@@ -62,6 +62,8 @@ def test_what_the_kernel_cache_reads_back_is_checked(tmp_path):
 @needs_nvrtc
 def test_a_second_compile_of_the_same_source_comes_from_the_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")     # one function: NVRTC gives the same bytes each time (split
+    # between threads, the cubin's sections come in the order the threads end: the same code, other bytes)
     _, _, nodes, layers = _layers("mlp")
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
@@ -91,7 +93,8 @@ def test_a_source_nvrtc_refuses_comes_back_with_its_log():
 
 
 @needs_nvrtc
-def test_a_background_compile_runs_in_a_child_process_and_can_be_killed():
+def test_a_background_compile_runs_in_a_child_process_and_can_be_killed(monkeypatch):
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")     # the same bytes each time (see the disk-cache test)
     _, _, nodes, layers = _layers("mlp")
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
@@ -139,7 +142,7 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
     assert second.result()[:4] == b"\x7fELF" and not nvrtc_jobs._queue and not nvrtc_jobs._running
 
     class Net:
-        def src(self, cluster):
+        def src(self, cluster, split=None):
             return text
 
         def trial(self, cluster, kernel):
@@ -147,11 +150,12 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
     owner = Net()
     kernels = nvrtc_jobs.GeneratedKernels(owner.src, owner.trial)
     kernels.start(16)
-    gen = kernels._pending[16]
-    assert kernels.info[16] == {"status": "compiling"}
-    del kernels                                        # the network went: its compile is killed
-    with pytest.raises(fused_net_gen.GenerationError, match="dropped: the network went"):
-        gen.result()
+    gens = list(kernels._pending[16].values())
+    assert kernels.info[16] == {"status": "compiling"} and len(gens) == len(nvrtc_jobs.FORMS)
+    del kernels                                        # the network went: its compiles are killed
+    for gen in gens:
+        with pytest.raises(fused_net_gen.GenerationError, match="dropped: the network went"):
+            gen.result()
     assert not nvrtc_jobs._running and not nvrtc_jobs._queue
 
 
@@ -162,7 +166,7 @@ def test_the_generated_kernels_hold_their_network_weakly():
     import weakref
 
     class Net:
-        def src(self, cluster):
+        def src(self, cluster, split=None):
             return f"// {cluster}"
 
         def trial(self, cluster, kernel):
@@ -191,21 +195,21 @@ from cydnn.compiler import nvrtc_jobs as g
 g.MAX_RUNNING = 1
 text = '#include "fused_net_layers.cuh"\\n__global__ void k() {}\\n'
 class Net:
-    def src(self, c): return text
+    def src(self, c, split=None): return text
     def trial(self, c, k): return True, {}
 owner = Net()
 owner.kernels = g.GeneratedKernels(owner.src, owner.trial)
 for c in (1, 2, 4):
     owner.kernels.start(c)
 g._kept = [g.Generation(text) for _ in range(2)]     # held to the end: only the exit hook ends these
-assert len(g._running) == 1 and len(g._queue) == 4
-print("\\n".join([gen._dir for gen in owner.kernels._pending.values()] + [gen._dir for gen in g._kept]))
+assert len(g._running) == 1 and len(g._queue) == 3 * len(g.FORMS) + 2 - 1
+print("\\n".join([gen._dir for f in owner.kernels._pending.values() for gen in f.values()] + [gen._dir for gen in g._kept]))
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     dirs = done.stdout.split()
-    assert len(dirs) == 5 and not any(os.path.exists(d) for d in dirs)
+    assert len(dirs) == 3 * len(nvrtc_jobs.FORMS) + 2 and not any(os.path.exists(d) for d in dirs)
 
 
 def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch):
@@ -214,7 +218,7 @@ def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch)
     monkeypatch.setattr(fused_net_gen, "_nvrtc", missing)
 
     class Net:
-        def src(self, cluster):
+        def src(self, cluster, split=None):
             return "// nothing"
 
         def trial(self, cluster, kernel):
@@ -226,3 +230,108 @@ def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch)
     assert kernels.info[8]["status"] == "refused" and "NVRTC not found" in kernels.info[8]["reason"]
     kernels.start(8)                                  # refused once: not tried again on every call
     assert 8 not in kernels._pending and not nvrtc_jobs._running and not nvrtc_jobs._queue
+
+
+class _Done:
+    """A finished Generation (its cubin or its error), for the adoption logic without NVRTC."""
+    def __init__(self, cubin=b"cubin", error=None, seconds=1.0):
+        self.cubin, self.error, self.seconds, self.nvrtc_seconds, self.cached = cubin, error, seconds, seconds, False
+
+    def done(self):
+        return True
+
+    def wait(self, timeout=None):
+        return True
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.cubin
+
+
+@pytest.mark.parametrize("times, want", [({"split": 30.0, "whole": 27.0}, "whole"),
+                                         ({"split": 27.0, "whole": 30.0}, "split")])
+def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
+    """The split form comes first and serves as soon as it passes; the whole one replaces it only where it is
+    timed faster beside it; ``info`` says which serves, when the first came, and what happened to each."""
+    from cydnn import _C
+    monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
+
+    class Net:
+        def src(self, cluster, split=None):
+            return "split" if split else "whole"
+
+        def trial(self, cluster, kernel):
+            return True, {"max_diff": 0.0, "timed_us": {"interpreter": 40.0, "generated": times[kernel]}}
+    net = Net()
+    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
+    made = []
+    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: made.append((text, split)) or _Pending(text))
+    assert kernels.start(8) and made == [("split", True), ("whole", False)]
+    assert kernels.get(8) is None and kernels.compiling(8)
+    kernels._pending[8]["split"].finish(seconds=1.5)
+    assert kernels.get(8) == "split" and kernels.info[8]["status"] == "in use" and kernels.info[8]["first_s"] == 1.5
+    assert kernels.compiling(8)
+    kernels._pending[8]["whole"].finish(seconds=2.5)
+    assert kernels.get(8) == want and not kernels.compiling(8) and 8 not in kernels._pending
+    info = kernels.info[8]
+    assert info["form"] == want and info["first_s"] == 1.5 and info["status"] == "in use"
+    assert info["timed_us"]["generated"] == times[want]
+    other = "whole" if want == "split" else "split"
+    assert info["forms"][other]["status"] == ("replaced" if want == "whole" else "not used")
+    assert info["forms"][want]["status"] == "in use"
+
+
+def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):
+    from cydnn import _C
+    monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
+
+    class Net:
+        def src(self, cluster, split=None):
+            return "split" if split else "whole"
+
+        def trial(self, cluster, kernel):
+            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
+    net = Net()
+    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
+    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: _Pending(text))
+    kernels.start(4)
+    kernels._pending[4]["split"].finish(error=fused_net_gen.GenerationError("NVRTC refused the generated source"))
+    assert kernels.get(4) is None and kernels.info[4]["status"] == "refused" and kernels.compiling(4)
+    kernels._pending[4]["whole"].finish()
+    assert kernels.get(4) == "whole" and kernels.info[4]["status"] == "in use" and "reason" not in kernels.info[4]
+    assert kernels.info[4]["forms"]["split"]["status"] == "refused"
+
+
+def test_with_the_split_off_only_the_whole_form_is_compiled(monkeypatch):
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")
+    made = []
+    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: made.append((text, split)) or _Pending(text))
+
+    class Net:
+        def src(self, cluster, split=None):
+            return f"split={split}"
+
+        def trial(self, cluster, kernel):
+            return True, {}
+    net = Net()
+    nvrtc_jobs.GeneratedKernels(net.src, net.trial).start(2)
+    assert made == [("split=False", False)]
+
+
+class _Pending(_Done):
+    """A compile that ends when the test says so."""
+    def __init__(self, text):
+        super().__init__(cubin=text.encode(), seconds=None)
+        self.finished = False
+
+    def finish(self, error=None, seconds=1.0):
+        self.error, self.seconds, self.nvrtc_seconds, self.finished = error, seconds, seconds, True
+
+    def done(self):
+        return self.finished
+
+    def kill(self, why=""):
+        pass

@@ -142,6 +142,7 @@ class FusedNetwork:
     def __init__(self, layers, in_shape, out_shape, softmax, capacity, resident_us=None):
         on = fused_net_gen.enabled()
         fused_net_gen.fast_compile()              # a wrong $CYDNN_NVRTC_FAST_COMPILE is refused here, not later
+        fused_net_gen.split_layers()              # and a wrong $CYDNN_NVRTC_SPLIT
         self.in_size = int(np.prod(in_shape))
         self.out_shape = tuple(out_shape)
         self.out_size = int(np.prod(out_shape))
@@ -192,10 +193,10 @@ class FusedNetwork:
                      bn_eps=float(m.eps))
         return d
 
-    def _source(self, cluster):
+    def _source(self, cluster, split=None):
         bound, wcap = self._bound[cluster]
         return fused_net_gen.source(bound, cluster, wcap, self._bufs[cluster], self.in_size, self.out_size,
-                                    self.softmax)
+                                    self.softmax, split=split)
 
     def _trial(self, cluster, kernel):
         """The generated kernel against the interpreter on one and on several random images: the same
@@ -280,7 +281,8 @@ class FusedNetwork:
         if tiles:
             lines.append(f"convolution tiles at {CLUSTERS[-1]} blocks, timed (tile {{tile: us}}): " + "; ".join(tiles))
         gen = self.generated
+        said = [f"cluster {c}: {v['status']}" + (f" ({v['form']} form)" if "form" in v else "")
+                for c, v in sorted(gen.info.items())]
         lines.append("kernels generated for this network (fused_net_gen.source(...) prints one): "
-                     + (gen.reason or ", ".join(f"cluster {c}: {v['status']}" for c, v in sorted(gen.info.items()))
-                        or "none yet"))
+                     + (gen.reason or ", ".join(said) or "none yet"))
         return "\n".join(lines)

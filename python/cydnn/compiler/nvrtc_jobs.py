@@ -30,17 +30,18 @@ class Generation:
     others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
     from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
     ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
-    raises the GenerationError.  ``seconds``: from the Generation's making until the compile ended (the child's
+    raises the GenerationError.  ``split``: whether ``text`` has one function a layer (NVRTC's options say
+    --split-compile then; default: fused_net_gen.split_layers()).  ``seconds``: from the Generation's making until the compile ended (the child's
     own clock where NVRTC ran, so not later when nobody looked); ``nvrtc_seconds``: NVRTC's part of it (None
     from the cache)."""
 
-    def __init__(self, text, arch=ARCH):
+    def __init__(self, text, arch=ARCH, split=None):
         self.cubin, self.error, self.seconds, self.cached, self.nvrtc_seconds = None, None, None, False, None
         self._t0, self._wall0 = time.perf_counter(), time.time()
         self._dir, self._proc, self._cache, self._key = None, None, None, None
         try:
             spec = {"lib": gen_source._nvrtc(), "text": text, "headers": gen_source.headers(),
-                    "options": gen_source._options(arch)}
+                    "options": gen_source._options(arch, split=split)}
             self._cache = kernel_cache.cache_dir()
             self._key = kernel_cache.key(text, spec["headers"], spec["options"], gen_source._nvrtc_identity())
         except GenerationError as e:
@@ -157,12 +158,22 @@ def _kill_running():
         gen.kill()
 
 
+#: the forms of a generated kernel compiled for a cluster size, in this order (fused_net_gen.source): one function
+#: a layer, which NVRTC compiles on several threads (ready sooner: 1.9 against 2.7 s for the CNN on the H100's
+#: host), then one inlined function, which ptxas schedules as a whole (as fast or faster: SmallCNN's 84 against
+#: 74 us); each is adopted when it passes its check and runs faster than what serves (docs/performance.md,
+#: session 27)
+FORMS = ("split", "whole")
+
+
 class GeneratedKernels:
-    """The generated kernels of one fused network, by cluster size: compiling (a Generation), in use
-    (a NetKernel), or refused (the reason).  ``get(cluster)`` is what every call asks: the kernel in
-    use or None, adopting a finished compile on the way -- loaded, checked against the interpreter
-    and timed by ``trial(cluster, kernel)`` (the network's), kept only if it gives the same outputs and
-    runs faster.  ``info`` says what happened to each."""
+    """The generated kernels of one fused network, by cluster size: compiling (Generations, one a form),
+    in use (a NetKernel), or refused (the reason).  ``get(cluster)`` is what every call asks: the kernel in
+    use or None, adopting a finished compile on the way -- loaded, checked against the interpreter and
+    timed by ``trial(cluster, kernel)`` (the network's), kept only if it gives the same outputs and runs
+    faster than the interpreter and than the form already in use.  ``info`` says what happened to each
+    cluster (its top-level keys: the kernel in use, or the last refused; ``forms``: each form's record;
+    ``first_s``: the compile seconds of the first kernel put in use)."""
 
     def __init__(self, make_source, trial, on=True):
         # the network's own methods, held weakly: the network holds this object, and a reference cycle
@@ -172,55 +183,77 @@ class GeneratedKernels:
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
 
     def __del__(self):
-        for gen in getattr(self, "_pending", {}).values():     # the network went: its compiles are not needed
-            gen.kill("dropped: the network went before the compile ended")
+        for forms in getattr(self, "_pending", {}).values():     # the network went: its compiles are not needed
+            for gen in forms.values():
+                gen.kill("dropped: the network went before the compile ended")
 
     def start(self, cluster):
-        """Generate and compile (in the background) the kernel for ``cluster``, once.  Returns whether a kernel
-        for it is compiling or in use."""
+        """Generate and compile (in the background) the kernel for ``cluster``, once: both forms where
+        ``$CYDNN_NVRTC_SPLIT`` is on (the default), else the whole one.  Returns whether a kernel for it is
+        compiling or in use."""
         if self.reason is None and cluster not in self._pending and cluster not in self.info:
-            self._pending[cluster] = Generation(self._make_source()(cluster))
+            forms = FORMS if gen_source.split_layers() else ("whole",)
+            self._pending[cluster] = {f: Generation(self._make_source()(cluster, f == "split"), split=f == "split")
+                                      for f in forms}
             self.info[cluster] = {"status": "compiling"}
         return cluster in self._pending or cluster in self._ready
 
     def compiling(self, cluster):
-        """Whether ``cluster``'s kernel is still being compiled (its compile not yet adopted or refused)."""
-        gen = self._pending.get(cluster)
-        return gen is not None and not gen.done()
+        """Whether a form of ``cluster``'s kernel is still being compiled (not yet adopted or refused)."""
+        return any(not gen.done() for gen in self._pending.get(cluster, {}).values())
 
     def get(self, cluster):
-        kernel = self._ready.get(cluster)
-        if kernel is None and cluster in self._pending and self._pending[cluster].done():
-            kernel = self._adopt(cluster)
-        return kernel
+        forms = self._pending.get(cluster)
+        if forms:
+            for form, gen in list(forms.items()):
+                if gen.done():
+                    del forms[form]
+                    self._adopt(cluster, form, gen)
+            if not forms:
+                del self._pending[cluster]
+        return self._ready.get(cluster)
 
     def wait(self, cluster, timeout=120):
-        """Block until ``cluster``'s compile is done and adopted or refused (tests, benchmarks)."""
-        gen = self._pending.get(cluster)
-        if gen is not None:
+        """Block until every form of ``cluster``'s kernel is compiled and adopted or refused (tests, benchmarks)."""
+        for gen in list(self._pending.get(cluster, {}).values()):
             gen.wait(timeout)
         return self.get(cluster)
 
-    def source(self, cluster):
-        return self._make_source()(cluster)
+    def source(self, cluster, split=None):
+        return self._make_source()(cluster, split)
 
-    def _adopt(self, cluster):
+    def _adopt(self, cluster, form, gen):
         from .. import _C
-        gen = self._pending.pop(cluster)
         info = self.info[cluster]
-        info["compile_s"] = round(gen.seconds, 2)
-        info["nvrtc_s"] = None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2)
-        info["cached"] = gen.cached
+        rec = {"compile_s": round(gen.seconds, 2),
+               "nvrtc_s": None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2), "cached": gen.cached}
+        info.setdefault("forms", {})[form] = rec
         try:
             kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)
             ok, trial = self._trial()(cluster, kernel)
         except (GenerationError, _C.CydnnError) as e:
-            info.update(status="refused", reason=str(e))
+            rec.update(status="refused", reason=str(e))
+            if cluster not in self._ready:
+                info.update(rec, form=form)
             return None
-        info.update(trial)
+        rec.update(trial)
+        serving = self._ready.get(cluster)
+        if ok and serving is not None:            # against the form in use, timed again beside it
+            us = trial.get("timed_us", {}).get("generated")
+            again = self._trial()(cluster, serving)[1].get("timed_us", {}).get("generated")
+            rec["in_use_us"] = again
+            ok = us is not None and again is not None and us < again
         if not ok:
-            info["status"] = "not used"
+            rec["status"] = "not used"
+            if serving is None:
+                info.update(rec, form=form)
             return None
-        info["status"] = "in use"
+        rec["status"] = "in use"
+        if serving is not None:
+            info["forms"][info["form"]]["status"] = "replaced"
+        else:
+            info["first_s"] = rec["compile_s"]
+        info.pop("reason", None)
+        info.update({k: v for k, v in rec.items() if k != "in_use_us"}, form=form)
         self._ready[cluster] = kernel
         return kernel

@@ -85,8 +85,8 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
     _, _, nodes, layers = _layers(name)
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     direct = fused_net_gen.source(bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])),
-                                  int(np.prod(nodes[-1].out_shape[1:])), False, split=False)   # one function:
-    dispatched = direct                # with one a layer, NVRTC declares the globals in the order first used
+                                  int(np.prod(nodes[-1].out_shape[1:])), False)
+    dispatched = direct
     for d in bound:
         if d["op"] == "conv":
             assert fused_net_gen._call(d) in dispatched
@@ -118,25 +118,30 @@ def test_the_split_switch(text, want):
 
 @needs_nvrtc
 @pytest.mark.parametrize("name", ["allconv", "odd"])
-def test_one_function_a_layer_calls_the_same_layers_on_the_same_buffers(name):
-    """The split source (one ``__noinline__`` function a layer, for --split-compile) holds the inlined source's
-    layer bodies line for line; layer i reads buffer i % 2 and the output is read from where the last layer
-    wrote; NVRTC takes both.  (Their outputs against the interpreter's, bit for bit: test_fused_net_tiles.py
-    on the device, with the split form the default.)"""
+def test_the_layers_form_runs_the_same_layers_on_the_same_buffers(name):
+    """The layers form (one relocatable unit a layer, then the kernel: fused_net_gen.units) holds the whole form's
+    layer bodies line for line; layer i reads buffer i % 2; the kernel calls the layers in order and reads the
+    output from where the last one wrote; NVRTC compiles every unit as relocatable code.  (Linked by the driver and
+    run against the interpreter, bit for bit: on the device, test_the_layers_form_gives_the_interpreters_bits.)"""
     import re
     _, _, nodes, layers = _layers(name)
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     args = (bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])), int(np.prod(nodes[-1].out_shape[1:])), True)
-    one, split = fused_net_gen.source(*args, split=False), fused_net_gen.source(*args, split=True)
-    body = lambda text: [re.sub(r"net\.layers\[\d+\]\.", "", t.strip()) for t in text.splitlines()       # noqa: E731
-                         if t.strip().startswith(("L.", "cydnnNetLayer", "conv_", "linear_", "pool_", "gap_", "epilogue_"))]
-    assert body(one) == body(split) and len(body(one)) >= 4 * len(bound)
-    assert re.findall(r"    layer_(\d+)\(", split) == [str(i) for i in range(len(bound))]
-    for i in range(len(bound)):
-        assert f"float *cur = smem + {i % 2} * BUF, *next = smem + {(i + 1) % 2} * BUF" in split
-    assert f"cur = {'smem + BUF' if len(bound) % 2 else 'cur'};" in split
-    for text in (one, split):
-        assert fused_net_gen.compile_cubin(text)[:4] == b"\x7fELF"
+    whole, units = fused_net_gen.source(*args), fused_net_gen.units(*args)
+    assert len(units) == len(bound) + 1
+
+    def body(text):
+        return [re.sub(r"net\.layers\[\d+\]\.", "", t.strip()) for t in text.splitlines()
+                if t.strip().startswith(("L.", "cydnnNetLayer", "conv_", "linear_", "pool_", "gap_", "epilogue_"))]
+    assert body(whole) == [line for u in units[:-1] for line in body(u)] and len(body(whole)) >= 4 * len(bound)
+    kernel = units[-1]
+    assert re.findall(r"    cydnn_net_layer_(\d+)\(", kernel) == [str(i) for i in range(len(bound))]
+    for i, unit in enumerate(units[:-1]):
+        assert f"float *cur = smem + {i % 2} * BUF, *next = smem + {(i + 1) % 2} * BUF" in unit
+        assert f'extern "C" __device__ void cydnn_net_layer_{i}(' in unit and "__global__" not in unit
+    assert f"write_output({'smem + BUF' if len(bound) % 2 else 'smem'}, " in kernel
+    for unit in units:
+        assert fused_net_gen.compile_cubin(unit, rdc=True)[:4] == b"\x7fELF"
 
 
 @needs_nvrtc
@@ -144,12 +149,12 @@ def test_a_fast_compile_level_is_an_option_of_nvrtc_and_of_the_cache_key(monkeyp
     """(NVRTC is run in child processes here: an -Ofast-compile compile changes what later compiles in the same
     process give -- NVRTC 13, seen in session 26 -- and the background compiles each have a process.)"""
     base = ["--gpu-architecture=sm_90", "-std=c++17", "-default-device"]
-    assert fused_net_gen._options("sm_90", "off", split=False) == base
-    assert fused_net_gen._options("sm_90", "off", split=True) == base + ["--split-compile=0"]
+    assert fused_net_gen._options("sm_90", "off") == base
+    assert fused_net_gen._options("sm_90", "off", rdc=True) == base + ["-rdc=true", "--maxrregcount=128"]
     if fused_net_gen._nvrtc_mod.version(fused_net_gen._nvrtc()) >= (12, 8):
-        assert fused_net_gen._options("sm_90", "mid", split=False) == base + ["-Ofc=mid"]
+        assert fused_net_gen._options("sm_90", "mid") == base + ["-Ofc=mid"]
     monkeypatch.setattr(fused_net_gen._nvrtc_mod, "version", lambda lib: (12, 4))      # an NVRTC without it
-    assert fused_net_gen._options("sm_90", "mid", split=False) == base
+    assert fused_net_gen._options("sm_90", "mid") == base
     monkeypatch.undo()
     _, _, nodes, layers = _layers("mlp")
     text = fused_net_gen.source([fused_net.FusedNetwork._bind(layer, 16) for layer in layers], 16, 0, 784, 784, 10,
@@ -201,6 +206,31 @@ def test_generated_kernels_give_the_interpreters_outputs(name):
         out = np.empty((5,) + net.out_shape, np.float32)
         net.tables[cluster].run_host(x, out, net._dx, net._dy, cluster, kernel)       # numpy in, numpy out
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+def _linked(net, cluster):
+    units = [fused_net_gen.compile_cubin(u, rdc=True) for u in net._source(cluster, "layers")]
+    return _C.NetKernel(fused_net_gen.link(units), fused_net_gen.KERNEL_NAME, cluster)
+
+
+@gpu
+@needs_nvrtc
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_layers_form_gives_the_interpreters_bits(name):
+    """The layers form: each unit compiled as relocatable code, linked by the driver, loaded and run on the same
+    table: the interpreter's outputs, bit for bit (the same layer code in the same order), at 1, 8 and 16 blocks."""
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 8)
+    dx = _C.to_device(np.random.default_rng(24).standard_normal((5,) + shape).astype(np.float32))
+    for cluster in (1, 8, 16):
+        kernel = _linked(net, cluster)
+        for n in (1, 5):
+            interp, gen = _C.empty((n * net.out_size,)), _C.empty((n * net.out_size,))
+            net.tables[cluster].forward(dx, interp, n, cluster)
+            net.tables[cluster].forward(dx, gen, n, cluster, kernel)
+            np.testing.assert_array_equal(gen.numpy(), interp.numpy(), err_msg=f"{cluster} {n}")
 
 
 @gpu
@@ -291,9 +321,9 @@ def test_a_kernel_from_the_disk_cache_runs_and_gives_nvrtcs_outputs(tmp_path, mo
         cluster = infer.info()["fused_net"]["clusters"][1]
         info = infer.wait_generated()[cluster]
         assert info["max_diff"] <= 1e-5 and info["status"] in ("in use", "not used"), info
-        runs.append((info["cached"], infer(x)))
-    assert [cached for cached, _ in runs] == [False, True]
-    assert len(list((tmp_path / "kernels").iterdir())) == len(nvrtc_jobs.FORMS)      # one entry a form
+        runs.append((info["cached"], infer(x), len(list((tmp_path / "kernels").iterdir()))))
+    assert [cached for cached, _, _ in runs] == [False, True]
+    assert runs[0][2] == runs[1][2] >= 2                  # an entry a unit of the layers form and one for the whole
     np.testing.assert_array_equal(runs[1][1], runs[0][1])
     np.testing.assert_allclose(runs[1][1], want, rtol=1e-5, atol=2e-6)
 

@@ -62,8 +62,6 @@ def test_what_the_kernel_cache_reads_back_is_checked(tmp_path):
 @needs_nvrtc
 def test_a_second_compile_of_the_same_source_comes_from_the_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CYDNN_KERNEL_CACHE", str(tmp_path / "kernels"))
-    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")     # one function: NVRTC gives the same bytes each time (split
-    # between threads, the cubin's sections come in the order the threads end: the same code, other bytes)
     _, _, nodes, layers = _layers("mlp")
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
@@ -93,8 +91,7 @@ def test_a_source_nvrtc_refuses_comes_back_with_its_log():
 
 
 @needs_nvrtc
-def test_a_background_compile_runs_in_a_child_process_and_can_be_killed(monkeypatch):
-    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")     # the same bytes each time (see the disk-cache test)
+def test_a_background_compile_runs_in_a_child_process_and_can_be_killed():
     _, _, nodes, layers = _layers("mlp")
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     text = fused_net_gen.source(bound, 16, 0, 784, 784, 10, True)
@@ -142,8 +139,8 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
     assert second.result()[:4] == b"\x7fELF" and not nvrtc_jobs._queue and not nvrtc_jobs._running
 
     class Net:
-        def src(self, cluster, split=None):
-            return text
+        def src(self, cluster, form="whole"):
+            return [text, text] if form == "layers" else text
 
         def trial(self, cluster, kernel):
             return True, {}
@@ -152,6 +149,7 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
     kernels.start(16)
     gens = list(kernels._pending[16].values())
     assert kernels.info[16] == {"status": "compiling"} and len(gens) == len(nvrtc_jobs.FORMS)
+    assert isinstance(kernels._pending[16]["layers"], nvrtc_jobs.Linked) and len(kernels._pending[16]["layers"].units) == 2
     del kernels                                        # the network went: its compiles are killed
     for gen in gens:
         with pytest.raises(fused_net_gen.GenerationError, match="dropped: the network went"):
@@ -166,7 +164,7 @@ def test_the_generated_kernels_hold_their_network_weakly():
     import weakref
 
     class Net:
-        def src(self, cluster, split=None):
+        def src(self, cluster, form="whole"):
             return f"// {cluster}"
 
         def trial(self, cluster, kernel):
@@ -195,21 +193,22 @@ from cydnn.compiler import nvrtc_jobs as g
 g.MAX_RUNNING = 1
 text = '#include "fused_net_layers.cuh"\\n__global__ void k() {}\\n'
 class Net:
-    def src(self, c, split=None): return text
+    def src(self, c, form="whole"): return [text] if form == "layers" else text
     def trial(self, c, k): return True, {}
 owner = Net()
 owner.kernels = g.GeneratedKernels(owner.src, owner.trial)
 for c in (1, 2, 4):
     owner.kernels.start(c)
 g._kept = [g.Generation(text) for _ in range(2)]     # held to the end: only the exit hook ends these
-assert len(g._running) == 1 and len(g._queue) == 3 * len(g.FORMS) + 2 - 1
-print("\\n".join([gen._dir for f in owner.kernels._pending.values() for gen in f.values()] + [gen._dir for gen in g._kept]))
+assert len(g._running) == 1 and len(g._queue) == 3 * 2 + 2 - 1      # a unit and the whole form a cluster size
+gens = [gen for f in owner.kernels._pending.values() for gen in [f["layers"].units[0], f["whole"]]] + g._kept
+print("\\n".join(gen._dir for gen in gens))
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stderr == "", done.stderr
     dirs = done.stdout.split()
-    assert len(dirs) == 3 * len(nvrtc_jobs.FORMS) + 2 and not any(os.path.exists(d) for d in dirs)
+    assert len(dirs) == 3 * 2 + 2 and not any(os.path.exists(d) for d in dirs)
 
 
 def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch):
@@ -218,8 +217,8 @@ def test_without_nvrtc_the_interpreter_stays_and_the_reason_is_kept(monkeypatch)
     monkeypatch.setattr(fused_net_gen, "_nvrtc", missing)
 
     class Net:
-        def src(self, cluster, split=None):
-            return "// nothing"
+        def src(self, cluster, form="whole"):
+            return ["// nothing"] if form == "layers" else "// nothing"
 
         def trial(self, cluster, kernel):
             raise AssertionError("no kernel to try")
@@ -249,36 +248,48 @@ class _Done:
         return self.cubin
 
 
-@pytest.mark.parametrize("times, want", [({"split": 30.0, "whole": 27.0}, "whole"),
-                                         ({"split": 27.0, "whole": 30.0}, "split")])
+def _stub_compiles(monkeypatch, made=None):
+    """Generation and Linked replaced by compiles that end when the test says (``_Pending``); ``made``: what was
+    asked for, (form, text)."""
+    made = [] if made is None else made
+    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, arch=None, rdc=False: made.append(("whole", text))
+                        or _Pending(text))
+    monkeypatch.setattr(nvrtc_jobs, "Linked", lambda texts, arch=None: made.append(("layers", texts))
+                        or _Pending("layers"))
+    return made
+
+
+class _Forms:
+    def src(self, cluster, form="whole"):
+        return ["unit 0", "kernel"] if form == "layers" else "whole"
+
+
+@pytest.mark.parametrize("times, want", [({"layers": 30.0, "whole": 27.0}, "whole"),
+                                         ({"layers": 27.0, "whole": 30.0}, "layers")])
 def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
-    """The split form comes first and serves as soon as it passes; the whole one replaces it only where it is
+    """The layers form comes first and serves as soon as it passes; the whole one replaces it only where it is
     timed faster beside it; ``info`` says which serves, when the first came, and what happened to each."""
     from cydnn import _C
     monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
     monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
 
-    class Net:
-        def src(self, cluster, split=None):
-            return "split" if split else "whole"
-
+    class Net(_Forms):
         def trial(self, cluster, kernel):
             return True, {"max_diff": 0.0, "timed_us": {"interpreter": 40.0, "generated": times[kernel]}}
     net = Net()
     kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
-    made = []
-    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: made.append((text, split)) or _Pending(text))
-    assert kernels.start(8) and made == [("split", True), ("whole", False)]
+    made = _stub_compiles(monkeypatch)
+    assert kernels.start(8) and made == [("layers", ["unit 0", "kernel"]), ("whole", "whole")]
     assert kernels.get(8) is None and kernels.compiling(8)
-    kernels._pending[8]["split"].finish(seconds=1.5)
-    assert kernels.get(8) == "split" and kernels.info[8]["status"] == "in use" and kernels.info[8]["first_s"] == 1.5
+    kernels._pending[8]["layers"].finish(seconds=0.8)
+    assert kernels.get(8) == "layers" and kernels.info[8]["status"] == "in use" and kernels.info[8]["first_s"] == 0.8
     assert kernels.compiling(8)
     kernels._pending[8]["whole"].finish(seconds=2.5)
     assert kernels.get(8) == want and not kernels.compiling(8) and 8 not in kernels._pending
     info = kernels.info[8]
-    assert info["form"] == want and info["first_s"] == 1.5 and info["status"] == "in use"
+    assert info["form"] == want and info["first_s"] == 0.8 and info["status"] == "in use"
     assert info["timed_us"]["generated"] == times[want]
-    other = "whole" if want == "split" else "split"
+    other = "whole" if want == "layers" else "layers"
     assert info["forms"][other]["status"] == ("replaced" if want == "whole" else "not used")
     assert info["forms"][want]["status"] == "in use"
 
@@ -288,47 +299,85 @@ def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):
     monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
     monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
 
-    class Net:
-        def src(self, cluster, split=None):
-            return "split" if split else "whole"
-
+    class Net(_Forms):
         def trial(self, cluster, kernel):
             return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
     net = Net()
     kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
-    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: _Pending(text))
+    _stub_compiles(monkeypatch)
     kernels.start(4)
-    kernels._pending[4]["split"].finish(error=fused_net_gen.GenerationError("NVRTC refused the generated source"))
+    kernels._pending[4]["layers"].finish(error=fused_net_gen.GenerationError("cuLink: cuLinkComplete failed"))
     assert kernels.get(4) is None and kernels.info[4]["status"] == "refused" and kernels.compiling(4)
     kernels._pending[4]["whole"].finish()
     assert kernels.get(4) == "whole" and kernels.info[4]["status"] == "in use" and "reason" not in kernels.info[4]
-    assert kernels.info[4]["forms"]["split"]["status"] == "refused"
+    assert kernels.info[4]["forms"]["layers"]["status"] == "refused"
 
 
 def test_with_the_split_off_only_the_whole_form_is_compiled(monkeypatch):
     monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")
-    made = []
-    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, split=None: made.append((text, split)) or _Pending(text))
+    made = _stub_compiles(monkeypatch)
 
-    class Net:
-        def src(self, cluster, split=None):
-            return f"split={split}"
-
+    class Net(_Forms):
         def trial(self, cluster, kernel):
             return True, {}
     net = Net()
     nvrtc_jobs.GeneratedKernels(net.src, net.trial).start(2)
-    assert made == [("split=False", False)]
+    assert made == [("whole", "whole")]
+
+
+def test_a_linked_kernel_is_done_when_every_unit_is_and_links_them_in_order(monkeypatch):
+    """Linked: done only when each unit is; its time is the slowest unit's; its result the driver's link of the
+    units' cubins in order (once); a unit's error, or the link's, is its error."""
+    units = []
+    monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, arch=None, rdc=False: units.append(rdc) or _Pending(text))
+    linked_calls = []
+    monkeypatch.setattr(fused_net_gen, "link", lambda cubins: linked_calls.append(cubins) or b"+".join(cubins))
+    gen = nvrtc_jobs.Linked(["a", "b", "k"])
+    assert units == [True, True, True] and not gen.done() and gen.seconds is None
+    gen.units[0].finish(seconds=0.5)
+    gen.units[2].finish(seconds=0.2)
+    assert not gen.done()
+    gen.units[1].finish(seconds=0.9)
+    assert gen.done() and gen.seconds == 0.9 and gen.nvrtc_seconds == 0.9 and not gen.cached
+    assert gen.result() == b"a+b+k" and gen.result() == b"a+b+k" and len(linked_calls) == 1
+    bad = nvrtc_jobs.Linked(["a", "k"])
+    bad.units[0].finish(error=fused_net_gen.GenerationError("NVRTC refused the generated source: unit a"))
+    bad.units[1].finish()
+    with pytest.raises(fused_net_gen.GenerationError, match="unit a"):
+        bad.result()
+
+    def refuse(cubins):
+        raise fused_net_gen.GenerationError("cuLink: cuLinkAddData (unit 1) failed with CUresult 300")
+    monkeypatch.setattr(fused_net_gen, "link", refuse)
+    nolink = nvrtc_jobs.Linked(["a", "k"])
+    for u in nolink.units:
+        u.finish()
+    with pytest.raises(fused_net_gen.GenerationError, match="CUresult 300"):
+        nolink.result()
+
+
+def test_without_a_driver_the_link_is_refused_with_the_reason(monkeypatch):
+    import ctypes
+    real = ctypes.CDLL
+
+    def no_driver(name, *a, **k):
+        if name == "libcuda.so.1":
+            raise OSError("libcuda.so.1: cannot open shared object file")
+        return real(name, *a, **k)
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    with pytest.raises(fused_net_gen.GenerationError, match="cuLink: the driver library is not loadable"):
+        fused_net_gen.link([b"x"])
 
 
 class _Pending(_Done):
     """A compile that ends when the test says so."""
     def __init__(self, text):
         super().__init__(cubin=text.encode(), seconds=None)
-        self.finished = False
+        self.finished, self.text = False, text
 
     def finish(self, error=None, seconds=1.0):
         self.error, self.seconds, self.nvrtc_seconds, self.finished = error, seconds, seconds, True
+        self.cubin = self.text if isinstance(self.text, bytes) else self.cubin
 
     def done(self):
         return self.finished

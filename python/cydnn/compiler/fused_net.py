@@ -193,10 +193,12 @@ class FusedNetwork:
                      bn_eps=float(m.eps))
         return d
 
-    def _source(self, cluster, split=None):
+    def _source(self, cluster, form="whole"):
+        """The generated kernel's source for ``cluster``: one text (``form`` "whole") or the list of translation
+        units of the "layers" form (fused_net_gen.units)."""
         bound, wcap = self._bound[cluster]
-        return fused_net_gen.source(bound, cluster, wcap, self._bufs[cluster], self.in_size, self.out_size,
-                                    self.softmax, split=split)
+        make = fused_net_gen.units if form == "layers" else fused_net_gen.source
+        return make(bound, cluster, wcap, self._bufs[cluster], self.in_size, self.out_size, self.softmax)
 
     def _trial(self, cluster, kernel):
         """The generated kernel against the interpreter on one and on several random images: the same

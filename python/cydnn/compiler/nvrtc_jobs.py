@@ -20,7 +20,7 @@ from . import fused_net_gen as gen_source        # NVRTC's library, options and 
 from . import kernel_cache
 from .fused_net_gen import ARCH, KERNEL_NAME, GenerationError
 
-__all__ = ["Generation", "GeneratedKernels", "MAX_RUNNING"]
+__all__ = ["Generation", "Linked", "GeneratedKernels", "MAX_RUNNING", "FORMS"]
 
 
 class Generation:
@@ -30,18 +30,17 @@ class Generation:
     others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
     from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
     ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
-    raises the GenerationError.  ``split``: whether ``text`` has one function a layer (NVRTC's options say
-    --split-compile then; default: fused_net_gen.split_layers()).  ``seconds``: from the Generation's making until the compile ended (the child's
+    raises the GenerationError.  ``rdc``: relocatable code, one unit of a linked kernel (``Linked``).  ``seconds``: from the Generation's making until the compile ended (the child's
     own clock where NVRTC ran, so not later when nobody looked); ``nvrtc_seconds``: NVRTC's part of it (None
     from the cache)."""
 
-    def __init__(self, text, arch=ARCH, split=None):
+    def __init__(self, text, arch=ARCH, rdc=False):
         self.cubin, self.error, self.seconds, self.cached, self.nvrtc_seconds = None, None, None, False, None
         self._t0, self._wall0 = time.perf_counter(), time.time()
         self._dir, self._proc, self._cache, self._key = None, None, None, None
         try:
             spec = {"lib": gen_source._nvrtc(), "text": text, "headers": gen_source.headers(),
-                    "options": gen_source._options(arch, split=split)}
+                    "options": gen_source._options(arch, rdc=rdc)}
             self._cache = kernel_cache.cache_dir()
             self._key = kernel_cache.key(text, spec["headers"], spec["options"], gen_source._nvrtc_identity())
         except GenerationError as e:
@@ -158,12 +157,55 @@ def _kill_running():
         gen.kill()
 
 
-#: the forms of a generated kernel compiled for a cluster size, in this order (fused_net_gen.source): one function
-#: a layer, which NVRTC compiles on several threads (ready sooner: 1.9 against 2.7 s for the CNN on the H100's
-#: host), then one inlined function, which ptxas schedules as a whole (as fast or faster: SmallCNN's 84 against
-#: 74 us); each is adopted when it passes its check and runs faster than what serves (docs/performance.md,
-#: session 27)
-FORMS = ("split", "whole")
+class Linked:
+    """The "layers" form of a generated kernel: one Generation a translation unit (fused_net_gen.units), compiled
+    side by side as relocatable code, then linked by the driver in this process (fused_net_gen.link: a few ms) when
+    the result is asked for.  The same interface as a Generation; each unit goes through the disk cache on its own."""
+
+    def __init__(self, texts, arch=ARCH):
+        self.units = [Generation(t, arch, rdc=True) for t in texts]
+        self._cubin, self._error = None, None
+
+    def done(self):
+        return all([u.done() for u in self.units])           # (a list: every unit polled, so each one collected)
+
+    def wait(self, timeout=None):
+        return all(u.wait(timeout) for u in self.units)
+
+    def kill(self, why="killed: the program exited before the compile ended"):
+        for u in self.units:
+            u.kill(why)
+
+    @property
+    def seconds(self):
+        return None if not self.done() else max(u.seconds for u in self.units)
+
+    @property
+    def nvrtc_seconds(self):
+        times = [u.nvrtc_seconds for u in self.units]
+        return None if None in times else max(times)
+
+    @property
+    def cached(self):
+        return all(u.cached for u in self.units)
+
+    def result(self):
+        if self._cubin is None and self._error is None:
+            try:
+                self._cubin = gen_source.link([u.result() for u in self.units])
+            except GenerationError as e:
+                self._error = e
+        if self._error is not None:
+            raise self._error
+        return self._cubin
+
+
+#: the forms of a generated kernel compiled for a cluster size, in this order: one relocatable unit a layer,
+#: compiled side by side and linked by the driver (fused_net_gen.units: ready sooner, 0.6-0.9 s against 1.7-3.7 s
+#: cold on the H100's host), then one inlined kernel function (fused_net_gen.source), which ptxas schedules as a
+#: whole (faster: 3-12 us on the zoo); each is adopted when it passes its check and runs faster than what
+#: serves (docs/performance.md, session 27)
+FORMS = ("layers", "whole")
 
 
 class GeneratedKernels:
@@ -193,7 +235,8 @@ class GeneratedKernels:
         compiling or in use."""
         if self.reason is None and cluster not in self._pending and cluster not in self.info:
             forms = FORMS if gen_source.split_layers() else ("whole",)
-            self._pending[cluster] = {f: Generation(self._make_source()(cluster, f == "split"), split=f == "split")
+            make = self._make_source()
+            self._pending[cluster] = {f: (Linked(make(cluster, f)) if f == "layers" else Generation(make(cluster, f)))
                                       for f in forms}
             self.info[cluster] = {"status": "compiling"}
         return cluster in self._pending or cluster in self._ready
@@ -219,8 +262,8 @@ class GeneratedKernels:
             gen.wait(timeout)
         return self.get(cluster)
 
-    def source(self, cluster, split=None):
-        return self._make_source()(cluster, split)
+    def source(self, cluster, form="whole"):
+        return self._make_source()(cluster, form)
 
     def _adopt(self, cluster, form, gen):
         from .. import _C

@@ -146,7 +146,11 @@ def test_compiles_beyond_the_limit_wait_their_turn_and_dropped_ones_are_killed(m
             return True, {}
     owner = Net()
     kernels = nvrtc_jobs.GeneratedKernels(owner.src, owner.trial)
-    kernels.start(16)
+    nvrtc_jobs.LAYERS_MIN_RUNNING, keep = 1, nvrtc_jobs.LAYERS_MIN_RUNNING
+    try:
+        kernels.start(16)
+    finally:
+        nvrtc_jobs.LAYERS_MIN_RUNNING = keep
     gens = list(kernels._pending[16].values())
     assert kernels.info[16] == {"status": "compiling"} and len(gens) == len(nvrtc_jobs.FORMS)
     assert isinstance(kernels._pending[16]["layers"], nvrtc_jobs.Linked) and len(kernels._pending[16]["layers"].units) == 2
@@ -190,7 +194,7 @@ def test_a_program_that_exits_with_compiles_running_and_waiting_exits_cleanly():
     child = """
 import sys
 from cydnn.compiler import nvrtc_jobs as g
-g.MAX_RUNNING = 1
+g.MAX_RUNNING, g.LAYERS_MIN_RUNNING = 1, 1
 text = '#include "fused_net_layers.cuh"\\n__global__ void k() {}\\n'
 class Net:
     def src(self, c, form="whole"): return [text] if form == "layers" else text
@@ -250,8 +254,9 @@ class _Done:
 
 def _stub_compiles(monkeypatch, made=None):
     """Generation and Linked replaced by compiles that end when the test says (``_Pending``); ``made``: what was
-    asked for, (form, text)."""
+    asked for, (form, text).  (A machine that runs eight compiles at once.)"""
     made = [] if made is None else made
+    monkeypatch.setattr(nvrtc_jobs, "MAX_RUNNING", 8)
     monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, arch=None, rdc=False: made.append(("whole", text))
                         or _Pending(text))
     monkeypatch.setattr(nvrtc_jobs, "Linked", lambda texts, arch=None: made.append(("layers", texts))
@@ -279,7 +284,7 @@ def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
     net = Net()
     kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
     made = _stub_compiles(monkeypatch)
-    assert kernels.start(8) and made == [("layers", ["unit 0", "kernel"]), ("whole", "whole")]
+    assert kernels.start(8) and made == [("whole", "whole"), ("layers", ["unit 0", "kernel"])]   # the whole first
     assert kernels.get(8) is None and kernels.compiling(8)
     kernels._pending[8]["layers"].finish(seconds=0.8)
     assert kernels.get(8) == "layers" and kernels.info[8]["status"] == "in use" and kernels.info[8]["first_s"] == 0.8
@@ -313,16 +318,19 @@ def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):
     assert kernels.info[4]["forms"]["layers"]["status"] == "refused"
 
 
-def test_with_the_split_off_only_the_whole_form_is_compiled(monkeypatch):
-    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")
+@pytest.mark.parametrize("split, running, forms", [("0", 8, ["whole"]), ("1", 8, ["whole", "layers"]),
+                                                    ("1", 3, ["whole"]), ("1", 4, ["whole", "layers"])])
+def test_the_layers_form_is_compiled_where_it_is_on_and_can_run_side_by_side(monkeypatch, split, running, forms):
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", split)
     made = _stub_compiles(monkeypatch)
+    monkeypatch.setattr(nvrtc_jobs, "MAX_RUNNING", running)
 
     class Net(_Forms):
         def trial(self, cluster, kernel):
             return True, {}
     net = Net()
     nvrtc_jobs.GeneratedKernels(net.src, net.trial).start(2)
-    assert made == [("whole", "whole")]
+    assert [form for form, _ in made] == forms
 
 
 def test_a_linked_kernel_is_done_when_every_unit_is_and_links_them_in_order(monkeypatch):

@@ -206,6 +206,9 @@ class Linked:
 #: whole (faster: 3-12 us on the zoo); each is adopted when it passes its check and runs faster than what
 #: serves (docs/performance.md, session 27)
 FORMS = ("layers", "whole")
+#: the layers form is compiled only where this many NVRTC children may run at once (MAX_RUNNING: half the CPUs);
+#: with fewer, its units would queue one after another and hold the whole form back
+LAYERS_MIN_RUNNING = 4
 
 
 class GeneratedKernels:
@@ -231,13 +234,15 @@ class GeneratedKernels:
 
     def start(self, cluster):
         """Generate and compile (in the background) the kernel for ``cluster``, once: both forms where
-        ``$CYDNN_NVRTC_SPLIT`` is on (the default), else the whole one.  Returns whether a kernel for it is
+        ``$CYDNN_NVRTC_SPLIT`` is on (the default) and the machine runs LAYERS_MIN_RUNNING compiles at once, else
+        the whole one (queued first either way).  Returns whether a kernel for it is
         compiling or in use."""
         if self.reason is None and cluster not in self._pending and cluster not in self.info:
-            forms = FORMS if gen_source.split_layers() else ("whole",)
+            layers = gen_source.split_layers() and MAX_RUNNING >= LAYERS_MIN_RUNNING
             make = self._make_source()
-            self._pending[cluster] = {f: (Linked(make(cluster, f)) if f == "layers" else Generation(make(cluster, f)))
-                                      for f in forms}
+            whole = Generation(make(cluster, "whole"))          # queued first: the longest compile starts first
+            self._pending[cluster] = ({"layers": Linked(make(cluster, "layers"))} if layers else {})
+            self._pending[cluster]["whole"] = whole
             self.info[cluster] = {"status": "compiling"}
         return cluster in self._pending or cluster in self._ready
 

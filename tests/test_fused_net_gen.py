@@ -116,6 +116,16 @@ def test_the_split_switch(text, want):
         fused_net_gen.split_layers({"CYDNN_NVRTC_SPLIT": "yes"})
 
 
+def test_the_units_register_cap_is_the_kernels_thread_count():
+    """A relocatable unit is held to 65536 / THREADS registers (it does not see the kernel's launch bounds): THREADS
+    must be the block size the kernel is launched with, kWsplitThreads, or a unit may take more registers than the
+    kernel's 512 threads leave and the linked kernel fail to launch."""
+    import re
+    declared = re.search(r"constexpr int kWsplitThreads = (\d+);", fused_net_gen.headers()["fused_net_wsplit.cuh"])
+    assert declared and int(declared.group(1)) == fused_net_gen.THREADS
+    assert f"--maxrregcount={65536 // fused_net_gen.THREADS}" in fused_net_gen._options("sm_90", "off", rdc=True)
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("name", ["allconv", "odd"])
 def test_the_layers_form_runs_the_same_layers_on_the_same_buffers(name):
@@ -180,6 +190,23 @@ def test_the_switch(text, want):
 
 
 # ---------------------------------------------------------------------- GPU
+def _fused(name, capacity=8):
+    """(model on the GPU, input shape, its fused network for ``capacity`` images) of CASES[name]."""
+    make, shape = CASES[name]
+    model = make().to("cuda").eval()
+    nodes = trace(model, shape, 1)
+    return model, shape, fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False,
+                                                capacity)
+
+
+def _both(net, dx, n, cluster, kernel):
+    """The interpreter's and ``kernel``'s outputs for the first ``n`` images of ``dx`` (numpy)."""
+    interp, gen = _C.empty((n * net.out_size,)), _C.empty((n * net.out_size,))
+    net.tables[cluster].forward(dx, interp, n, cluster)
+    net.tables[cluster].forward(dx, gen, n, cluster, kernel)
+    return interp.numpy(), gen.numpy()
+
+
 def _kernel(net, cluster):
     return _C.NetKernel(fused_net_gen.compile_cubin(net._source(cluster)), fused_net_gen.KERNEL_NAME, cluster)
 
@@ -188,21 +215,16 @@ def _kernel(net, cluster):
 @needs_nvrtc
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_generated_kernels_give_the_interpreters_outputs(name):
-    make, shape = CASES[name]
-    model = make().to("cuda").eval()
-    nodes = trace(model, shape, 1)
-    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 8)
+    model, shape, net = _fused(name)
     x = np.random.default_rng(21).standard_normal((5,) + shape).astype(np.float32)
     want = model(_C.to_device(x)).numpy()
     dx = _C.to_device(x)
     for cluster in (1, 8, 16):
         kernel = _kernel(net, cluster)
         for n in (1, 5):
-            interp, gen = _C.empty((n * net.out_size,)), _C.empty((n * net.out_size,))
-            net.tables[cluster].forward(dx, interp, n, cluster)
-            net.tables[cluster].forward(dx, gen, n, cluster, kernel)
-            np.testing.assert_allclose(gen.numpy(), interp.numpy(), rtol=1e-6, atol=1e-7, err_msg=f"{cluster} {n}")
-            np.testing.assert_allclose(gen.numpy().reshape(want[:n].shape), want[:n], rtol=1e-5, atol=2e-6)
+            interp, gen = _both(net, dx, n, cluster, kernel)
+            np.testing.assert_allclose(gen, interp, rtol=1e-6, atol=1e-7, err_msg=f"{cluster} {n}")
+            np.testing.assert_allclose(gen.reshape(want[:n].shape), want[:n], rtol=1e-5, atol=2e-6)
         out = np.empty((5,) + net.out_shape, np.float32)
         net.tables[cluster].run_host(x, out, net._dx, net._dy, cluster, kernel)       # numpy in, numpy out
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
@@ -219,18 +241,13 @@ def _linked(net, cluster):
 def test_the_layers_form_gives_the_interpreters_bits(name):
     """The layers form: each unit compiled as relocatable code, linked by the driver, loaded and run on the same
     table: the interpreter's outputs, bit for bit (the same layer code in the same order), at 1, 8 and 16 blocks."""
-    make, shape = CASES[name]
-    model = make().to("cuda").eval()
-    nodes = trace(model, shape, 1)
-    net = fused_net.FusedNetwork(fused_net.describe(nodes), shape, nodes[-1].out_shape[1:], False, 8)
+    _, shape, net = _fused(name)
     dx = _C.to_device(np.random.default_rng(24).standard_normal((5,) + shape).astype(np.float32))
     for cluster in (1, 8, 16):
         kernel = _linked(net, cluster)
         for n in (1, 5):
-            interp, gen = _C.empty((n * net.out_size,)), _C.empty((n * net.out_size,))
-            net.tables[cluster].forward(dx, interp, n, cluster)
-            net.tables[cluster].forward(dx, gen, n, cluster, kernel)
-            np.testing.assert_array_equal(gen.numpy(), interp.numpy(), err_msg=f"{cluster} {n}")
+            interp, gen = _both(net, dx, n, cluster, kernel)
+            np.testing.assert_array_equal(gen, interp, err_msg=f"{cluster} {n}")
 
 
 @gpu

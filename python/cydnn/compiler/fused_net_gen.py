@@ -229,7 +229,7 @@ def _nvrtc_identity():
 #: NVRTC's -Ofast-compile levels (NVRTC 12.8+): less optimisation for a shorter compile
 FAST_COMPILE_LEVELS = ("off", "min", "mid", "max")
 FAST_COMPILE_DEFAULT = "off"
-#: the generated kernel's threads a block (kWsplitThreads, cpp/fused_net_conv.cuh)
+#: the generated kernel's threads a block (kWsplitThreads, cpp/fused_net_wsplit.cuh)
 THREADS = 512
 
 

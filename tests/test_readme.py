@@ -37,7 +37,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "performance").glob("*.md"))
 SHARED = ROOT.parent / "shared"
 TIMEOUT = 150      # seconds for one command
 

@@ -392,3 +392,30 @@ class _Pending(_Done):
 
     def kill(self, why=""):
         pass
+
+
+def test_a_link_the_driver_refuses_names_the_result(monkeypatch):
+    """What the driver says goes into the GenerationError: the call, the CUresult and its name, the log; the link
+    state is destroyed whatever happens (a stand-in for libcuda records the calls)."""
+    import ctypes
+    calls = []
+
+    class Driver:
+        def __init__(self, results):
+            self.results = results
+
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(name)
+                return self.results.get(name, 0)
+            return call
+    real = ctypes.CDLL
+    for results, match in (({"cuLinkCreate_v2": 201}, r"cuLinkCreate failed with CUresult 201 \(CUDA_ERROR_INVALID_CONTEXT"),
+                           ({"cuLinkAddData_v2": 300}, r"cuLinkAddData \(unit 0\) failed with CUresult 300 \(CUDA_ERROR_INV"),
+                           ({"cuLinkComplete": 500}, r"cuLinkComplete failed with CUresult 500 \(CUDA_ERROR_NOT_FOUND")):
+        calls.clear()
+        monkeypatch.setattr(ctypes, "CDLL", lambda name, *a, results=results, **k:
+                            Driver(results) if name == "libcuda.so.1" else real(name, *a, **k))
+        with pytest.raises(fused_net_gen.GenerationError, match=match):
+            fused_net_gen.link([b"unit0", b"unit1"])
+        assert (calls[-1] == "cuLinkDestroy") == ("cuLinkCreate_v2" not in results), calls

@@ -289,6 +289,11 @@ def enabled(environ=None):
 
 
 _CU_JIT_ERROR_LOG_BUFFER, _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, _CU_JIT_INPUT_CUBIN = 5, 6, 0
+# the driver's results a link may give, named (cuda.h's CUresult)
+_CU_RESULTS = {3: " (CUDA_ERROR_NOT_INITIALIZED)",
+               201: " (CUDA_ERROR_INVALID_CONTEXT: no CUDA context is current on this thread; the whole form serves)",
+               209: " (CUDA_ERROR_NO_BINARY_FOR_GPU)", 300: " (CUDA_ERROR_INVALID_SOURCE)",
+               500: " (CUDA_ERROR_NOT_FOUND: a symbol a unit needs is missing)"}
 
 
 def link(cubins):
@@ -307,7 +312,8 @@ def link(cubins):
 
     def check(status, what):
         if status != 0:
-            raise GenerationError(f"cuLink: {what} failed with CUresult {status}: "
+            why = _CU_RESULTS.get(status, "")
+            raise GenerationError(f"cuLink: {what} failed with CUresult {status}{why}: "
                                   f"{log.value.decode(errors='replace')[:1000]}")
     check(cuda.cuLinkCreate_v2(2, opts, vals, ctypes.byref(state)), "cuLinkCreate")
     try:

@@ -271,6 +271,19 @@ def inference(name, have_torch):
     return res
 
 
+def _generated_summary(generated):
+    """One line for the kernels generated for a network (the whole record is in the JSON): per cluster size, the form
+    in use, when the first kernel came and each form's compile seconds and kernel microseconds."""
+    if not isinstance(generated, dict):
+        return str(generated)
+    out = []
+    for cluster, info in sorted(generated.items()):
+        forms = ", ".join(f"{f} {r.get('compile_s')} s {r.get('timed_us', {}).get('generated', '-')} us {r.get('status')}"
+                          for f, r in info.get("forms", {}).items())
+        out.append(f"{cluster}: {info.get('status')} ({info.get('form', '-')}, first {info.get('first_s', '-')} s; {forms})")
+    return "; ".join(out) or "none"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(zoo()))
@@ -319,7 +332,8 @@ def main():
               f"{i['resident_1_p99_us']:6.1f}, {i['resident_served']['served']}); 10k: {i['cydnn_10k_img_s']:,.0f} img/s vs torch "
               f"{i['torch_10k_img_s']:,.0f}; compile {i['compile_s']:.2f} s; backend by bucket {i['backend']}"
               + (f" ({i['fused_reason']})" if i["fused_reason"] else "")
-              + f"; generated kernels {i['generated']} (waited {i['generated_wait_s']:.1f} s)", flush=True)
+              + f"; generated kernels {_generated_summary(i['generated'])} (waited {i['generated_wait_s']:.1f} s)",
+              flush=True)
         if args.infer_only:
             continue
         r["logits_maxdiff"], r["params_maxdiff_20_steps"] = agreement(name)

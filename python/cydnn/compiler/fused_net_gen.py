@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import _nvrtc as _nvrtc_mod
 from . import fused_tiles
+from .fused_tiles import THREADS          # the kernel's threads a block (kWsplitThreads): the units' register cap
 
 __all__ = ["source", "units", "link", "compile_cubin", "compile_ptx", "GenerationError", "KERNEL_NAME", "headers",
            "enabled", "fast_compile", "split_layers"]
@@ -229,8 +230,6 @@ def _nvrtc_identity():
 #: NVRTC's -Ofast-compile levels (NVRTC 12.8+): less optimisation for a shorter compile
 FAST_COMPILE_LEVELS = ("off", "min", "mid", "max")
 FAST_COMPILE_DEFAULT = "off"
-#: the generated kernel's threads a block (kWsplitThreads, cpp/fused_net_wsplit.cuh)
-THREADS = 512
 
 
 def fast_compile(environ=None):

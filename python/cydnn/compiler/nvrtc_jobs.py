@@ -276,19 +276,20 @@ class GeneratedKernels:
         rec = {"compile_s": round(gen.seconds, 2),
                "nvrtc_s": None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2), "cached": gen.cached}
         info.setdefault("forms", {})[form] = rec
+        serving = self._ready.get(cluster)
         try:
             kernel = _C.NetKernel(gen.result(), KERNEL_NAME, cluster)
             ok, trial = self._trial()(cluster, kernel)
+            if ok and serving is not None:        # against the form in use, timed again beside it
+                again = self._trial()(cluster, serving)[1].get("timed_us", {}).get("generated")
         except (GenerationError, _C.CydnnError) as e:
             rec.update(status="refused", reason=str(e))
-            if cluster not in self._ready:
+            if serving is None:
                 info.update(rec, form=form)
             return None
         rec.update(trial)
-        serving = self._ready.get(cluster)
-        if ok and serving is not None:            # against the form in use, timed again beside it
+        if ok and serving is not None:
             us = trial.get("timed_us", {}).get("generated")
-            again = self._trial()(cluster, serving)[1].get("timed_us", {}).get("generated")
             rec["in_use_us"] = again
             ok = us is not None and again is not None and us < again
         if not ok:

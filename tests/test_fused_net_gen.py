@@ -141,7 +141,7 @@ def test_the_layers_form_runs_the_same_layers_on_the_same_buffers(name):
     assert len(units) == len(bound) + 1
 
     def body(text):
-        return [re.sub(r"net\.layers\[\d+\]\.", "", t.strip()) for t in text.splitlines()
+        return [re.sub(r"net\.layers\[\d+\]\.|\bl\d+_", "", t.strip()) for t in text.splitlines()
                 if t.strip().startswith(("L.", "cydnnNetLayer", "conv_", "linear_", "pool_", "gap_", "epilogue_"))]
     assert body(whole) == [line for u in units[:-1] for line in body(u)] and len(body(whole)) >= 4 * len(bound)
     kernel = units[-1]

@@ -139,27 +139,37 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
     return "\n".join(lines) + "\n"
 
 
-def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
+def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax, groups=None):
     """The same forward as ``source`` in translation units that NVRTC compiles apart, at once, as relocatable code
-    (``_options(..., rdc=True)``), and the driver links (``link``): one a layer -- ``cydnn_net_layer_<i>``, which
-    reads buffer i % 2 of the shared memory and writes the other, and takes its arrays and the kernel's 32-float
-    ``red`` as arguments -- and last the kernel that calls them in order (the "layers" form).  NVRTC spends its
-    time optimising the one function everything is inlined into (docs/performance.md, session 26); split, the
-    compiles run side by side.  The code inside each layer is the same, so the bits are the interpreter's."""
+    (``_options(..., rdc=True)``), and the driver links (``link``): one a group of consecutive layers --
+    ``cydnn_net_layer_<i>`` (i its first layer), which reads buffer i % 2 of the shared memory, runs its layers
+    inlined (a cluster barrier between two), and takes their arrays and the kernel's 32-float ``red`` as
+    arguments -- and last the kernel that calls them in order (the "layers" form).  ``groups``: the index of each
+    group's first layer (default: every layer its own group).  NVRTC spends its time optimising the one function
+    everything is inlined into (docs/performance.md, session 26); split, the compiles run side by side.  The code
+    inside each layer is the same, so the bits are the interpreter's."""
+    starts = sorted(set([0] + list(range(len(layers)) if groups is None else [int(g) for g in groups])))
+    if starts[-1] >= len(layers) or starts[0] < 0:
+        raise ValueError(f"units: groups must start at layers 0..{len(layers) - 1}, got {groups!r}")
     out, decls, body = [], [], []
-    for i, d in enumerate(layers):
-        names = [f for f in _ARRAYS if d.get(f) is not None]
-        sig = (f'extern "C" __device__ void cydnn_net_layer_{i}('
-               + ", ".join([f"const float *{f}" for f in names] + ["float *red"]) + ")")
-        out.append("\n".join(_prelude(ranks, wcap, buf_floats) + [
-            sig + f" {{   // layer {i}: {d['op']}",
-            "    cg::cluster_group cluster = cg::this_cluster();",
-            "    const int rank = (int)cluster.block_rank();",
-            f"    float *cur = smem + {i % 2} * BUF, *next = smem + {(i + 1) % 2} * BUF, *wbuf = smem + 2L * BUF;",
-            "    (void)rank; (void)wbuf; (void)next; (void)red;"] + ["    " + t for t in _layer(i, d, ranks, buf_floats, "")]
-            + ["}"]) + "\n")
+    for a, b in zip(starts, starts[1:] + [len(layers)]):
+        names = [(i, f) for i in range(a, b) for f in _ARRAYS if layers[i].get(f) is not None]
+        sig = (f'extern "C" __device__ void cydnn_net_layer_{a}('
+               + ", ".join([f"const float *l{i}_{f}" for i, f in names] + ["float *red"]) + ")")
+        text = [sig + f" {{   // layers {a}..{b - 1}",
+                "    cg::cluster_group cluster = cg::this_cluster();",
+                "    const int rank = (int)cluster.block_rank();",
+                f"    float *cur = smem + {a % 2} * BUF, *next = smem + {(a + 1) % 2} * BUF, *wbuf = smem + 2L * BUF;",
+                "    (void)rank; (void)wbuf; (void)next; (void)red;"]
+        for i in range(a, b):
+            text += [f"    {{   // layer {i}: {layers[i]['op']}"]
+            text += ["        " + t for t in _layer(i, layers[i], ranks, buf_floats, f"l{i}_")]
+            if i + 1 < b:
+                text += ["        cluster.sync();", "        float *t = cur; cur = next; next = t;"]
+            text += ["    }"]
+        out.append("\n".join(_prelude(ranks, wcap, buf_floats) + text + ["}"]) + "\n")
         decls.append(sig + ";")
-        body += [f"    cydnn_net_layer_{i}(" + ", ".join([f"net.layers[{i}].{f}" for f in names] + ["red"]) + ");",
+        body += [f"    cydnn_net_layer_{a}(" + ", ".join([f"net.layers[{i}].{f}" for i, f in names] + ["red"]) + ");",
                  "    cluster.sync();"]
     last = "smem + BUF" if len(layers) % 2 else "smem"
     out.append("\n".join(_prelude(ranks, wcap, buf_floats) + ["__shared__ float red[32];"] + decls

@@ -129,7 +129,7 @@ class BuildExtWithCuda(build_ext):
         # extra nvcc flags for a developer's build, e.g. CYDNN_NVCC_FLAGS=-lineinfo for ncu's source view
         base += os.environ.get("CYDNN_NVCC_FLAGS", "").split()
         cache = object_cache.cache_dir()
-        headers = [os.path.abspath(h) for h in CU_HEADERS] + sorted(glob.glob(os.path.join(staged_include, "*.h")))
+        staged = sorted(glob.glob(os.path.join(staged_include, "*.h")))
         toolchain = object_cache.tool_identity([tc.nvcc], [shutil.which("gcc") or "gcc"])
         hits = []
 
@@ -137,6 +137,7 @@ class BuildExtWithCuda(build_ext):
             src = os.path.abspath(src)
             obj = os.path.join(out_dir, os.path.basename(src)[:-3] + ".o")
             cmd = base + ["-c", src, "-o", obj]
+            headers = object_cache.local_includes(src, cpp_dir) + staged     # only what the source includes
             key = object_cache.object_key(src, headers, cmd, toolchain, replacements=[
                 (obj, "<object>"), (src, "<source>"), (cpp_dir, "<cpp>"), (staged_include, "<cuda_include>")])
             if not self.force and object_cache.fetch(cache, key, obj):

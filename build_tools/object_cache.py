@@ -4,8 +4,10 @@ Compiling the CUDA sources takes minutes; most re-installs change none of them.
 An object is stored under the SHA-256 of everything that decides its bytes:
 
 - the source file's contents (not its path: a clone elsewhere hits the cache);
-- the contents of every header it may include (all of cpp/*.h and cpp/*.cuh,
-  and the staged cuDNN/cuBLAS headers), each with its file name;
+- the contents of every header it may include (the cpp/ headers it names in an
+  ``#include "..."``, and theirs in turn: :func:`local_includes`; and the staged
+  cuDNN/cuBLAS headers), each with its file name -- so a change to one header
+  recompiles only the sources that include it;
 - the compiler command line, with the paths that differ between builds (the
   source, the output, the include folders) replaced by stable names;
 - the compiler's identity: ``nvcc --version`` and the host compiler's
@@ -21,11 +23,12 @@ cache off), else ``$XDG_CACHE_HOME/cydnn/build``, else ``~/.cache/cydnn/build``.
 """
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 
-__all__ = ["cache_dir", "tool_identity", "object_key", "fetch", "store"]
+__all__ = ["cache_dir", "tool_identity", "local_includes", "object_key", "fetch", "store"]
 
 ENV = "CYDNN_BUILD_CACHE"
 KEY_VERSION = b"cydnn-object-cache-1"
@@ -54,6 +57,25 @@ def tool_identity(*commands):
         except (OSError, subprocess.SubprocessError) as e:
             out.append(f"{cmd}: not run ({type(e).__name__})")
     return "\n".join(out)
+
+
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def local_includes(source, folder):
+    """The headers of ``folder`` that ``source`` includes with ``#include "name"``, directly or through one
+    another (sorted paths).  A name not in ``folder`` (a system or staged header) is not followed; a line
+    commented out still counts (the key may change more often than needed, never less)."""
+    seen, todo = set(), [source]
+    while todo:
+        with open(todo.pop(), "rb") as f:
+            text = f.read()
+        for name in _INCLUDE.findall(text):
+            path = os.path.join(folder, name.decode(errors="replace"))
+            if path not in seen and os.path.isfile(path):
+                seen.add(path)
+                todo.append(path)
+    return sorted(seen)
 
 
 def _update_file(h, path, label):

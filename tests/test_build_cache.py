@@ -125,3 +125,32 @@ def test_tool_identity_names_a_missing_tool():
     text = object_cache.tool_identity(["/nonexistent/nvcc"], [sys.executable])
     assert "/nonexistent/nvcc" in text and "not run" in text
     assert "Python" in text  # `python --version` ran
+
+
+def test_a_source_depends_on_the_headers_it_includes_and_theirs(tmp_path):
+    """setup.py keys each object on local_includes(source): the cpp/ headers named in an #include "..." and
+    theirs in turn (so a header's change recompiles only its includers); system and staged headers are not
+    followed, an include cycle ends."""
+    cpp = tmp_path / "cpp"
+    cpp.mkdir()
+    (cpp / "a.cu").write_text('#include <cstdio>\n#include "common.cuh"\n  #  include "loss_rows.cuh"\n'
+                              '#include "cudnn.h"\n')
+    (cpp / "b.cu").write_text('#include "common.cuh"\n')
+    (cpp / "common.cuh").write_text('#pragma once\n#include "cydnn.h"\n#include "common.cuh"\n')
+    (cpp / "cydnn.h").write_text("int f(void);\n")
+    (cpp / "loss_rows.cuh").write_text("#pragma once\n")
+    (cpp / "unused.cuh").write_text("#pragma once\n")
+    got = object_cache.local_includes(str(cpp / "a.cu"), str(cpp))
+    assert got == sorted(str(cpp / n) for n in ("common.cuh", "cydnn.h", "loss_rows.cuh"))
+    assert object_cache.local_includes(str(cpp / "b.cu"), str(cpp)) == sorted(
+        str(cpp / n) for n in ("common.cuh", "cydnn.h"))
+    src, obj = str(cpp / "b.cu"), str(tmp_path / "b.o")
+
+    def key_b():
+        return object_cache.object_key(src, object_cache.local_includes(src, str(cpp)), ["nvcc", "-c", src],
+                                       "nvcc", replacements=[(obj, "<object>"), (src, "<source>")])
+    before = key_b()
+    (cpp / "loss_rows.cuh").write_text("#pragma once\n// changed\n")
+    assert key_b() == before                      # b.cu does not include it
+    (cpp / "cydnn.h").write_text("int f(void);\nint g(void);\n")
+    assert key_b() != before                      # through common.cuh

@@ -53,11 +53,14 @@ for tool in $TOOLS; do
   # The fused network (fused_net.cu): every layer kind at every cluster size; inputs and outputs in
   # mapped host memory; every convolution tile (the split one's scratch in the input buffer) on three shapes; the
   # linear layer split between warps (its parts in shared memory), float4 and float inputs; the generated kernel's
-  # layers form (relocatable units linked by the driver) on two networks.
+  # layers form (relocatable units linked by the driver) on two networks -- on the MLP alone under racecheck: the
+  # CNN's test did not end in 430 s there (H100, session 28; memcheck took 6 s for both).
+  layers="layers_form_gives and (cnn32 or mlp)"
+  [ "$tool" = racecheck ] && layers="layers_form_gives and mlp"
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_fused_net.py tests/test_fused_net_tiles.py tests/test_fused_net_linear.py tests/test_fused_net_gen.py \
       -k "every_cluster or mapped_and_staged or every_tile_gives and (mid or odd or deeper) \
-or split_between_warps and (2048 or 1537) or layers_form_gives and (cnn32 or mlp)" >>"$log" 2>&1
+or split_between_warps and (2048 or 1537) or $layers" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # The implicit-GEMM convolution (conv_igemm.cu): every tile, split reductions, the data gradient beside cuDNN's
   # filter gradient on the second stream; three shapes (partial tiles, a 7x7 plane, 27 chunks).

@@ -164,9 +164,14 @@ class CompiledInference:
         if ready is None or not ready.ready:
             self._chunks(x, out, starts[:1], False)     # plans, captures and chooses the full-size bucket
             starts = starts[1:]
-        if self._fused is not None and self._fused.cluster(step) is not None:
-            self._chunks(x, out, starts, False)
+        if self._fused is not None and self._fused.mode == "force" and self._fused.cluster(step) is not None:
+            self._chunks(x, out, starts, False)          # the fused network asked for: it runs the chunks itself
             return out
+        # From three chunks on the pipe runs them (the plan's graph, the copies on several threads and overlapped
+        # with the chunk before), also where the fused network won the full bucket: that choice timed one
+        # chunk's call, its copies included, against the plan's, and over many chunks only the pipe overlaps
+        # the copies.  (The CNN on 3x32x32: its fused network won the bucket at 3.9 ms a chunk against 4.9, both
+        # mostly copies, and 10,000 images then ran at 0.55x PyTorch's rate: docs/performance, session 28.)
         self._pipelined(x, out, starts)
         return out
 

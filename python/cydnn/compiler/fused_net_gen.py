@@ -149,7 +149,9 @@ def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax, groups=No
     everything is inlined into (docs/performance.md, session 26); split, the compiles run side by side.  The code
     inside each layer is the same, so the bits are the interpreter's."""
     starts = sorted(set([0] + list(range(len(layers)) if groups is None else [int(g) for g in groups])))
-    if starts[-1] >= len(layers) or starts[0] < 0:
+    if not layers:
+        starts = []                                   # the kernel alone (as before groups: no unit a layer)
+    elif starts[-1] >= len(layers) or starts[0] < 0:
         raise ValueError(f"units: groups must start at layers 0..{len(layers) - 1}, got {groups!r}")
     out, decls, body = [], [], []
     for a, b in zip(starts, starts[1:] + [len(layers)]):

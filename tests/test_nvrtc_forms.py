@@ -1,9 +1,15 @@
 """The two forms of a generated kernel (compiler/nvrtc_jobs.py: FORMS, Linked, GeneratedKernels' adoption) and the
 driver's link (fused_net_gen.link), on the CPU: compiles and the driver are stand-ins that end or fail when the test
-says.  (The forms on the GPU: test_fused_net_gen.py; the background compiles themselves: test_nvrtc_jobs.py.)"""
+says; the layers form in groups of layers (fused_net_gen.units(groups=...)), compiled by NVRTC.  (The forms on the
+GPU: test_fused_net_gen.py; the background compiles themselves: test_nvrtc_jobs.py.)"""
+import re
+
+import numpy as np
 import pytest
 
-from cydnn.compiler import fused_net_gen, nvrtc_jobs
+from cydnn.compiler import fused_net, fused_net_gen, nvrtc_jobs
+
+from test_fused_net_gen import _layers, needs_nvrtc
 
 
 class _Done:
@@ -190,3 +196,29 @@ def test_a_link_the_driver_refuses_names_the_result(monkeypatch):
         with pytest.raises(fused_net_gen.GenerationError, match=match):
             fused_net_gen.link([b"unit0", b"unit1"])
         assert (calls[-1] == "cuLinkDestroy") == ("cuLinkCreate_v2" not in results), calls
+
+
+@needs_nvrtc
+def test_the_layers_form_in_groups_inlines_each_groups_layers_between_barriers():
+    """units(..., groups=[0, 2]): two layer units (layers 0-1, then 2 on) and the kernel; each group's layers are the
+    whole form's lines, a cluster barrier between two, the first reading buffer 0 and the second buffer 0 again
+    (two layers later); the kernel calls the groups by their first layer; a group past the last layer is refused.
+    (On the device every grouping gave the interpreter's bits: docs/performance/zoo-session-28.md.)"""
+    _, _, nodes, layers = _layers("allconv")
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    assert len(bound) >= 3
+    args = (bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])), int(np.prod(nodes[-1].out_shape[1:])), True)
+    whole, units = fused_net_gen.source(*args), fused_net_gen.units(*args, groups=[0, 2])
+    assert len(units) == 3
+
+    def body(text):
+        return [re.sub(r"net\.layers\[\d+\]\.|\bl\d+_", "", t.strip()) for t in text.splitlines()
+                if t.strip().startswith(("L.", "cydnnNetLayer", "conv_", "linear_", "pool_", "gap_", "epilogue_"))]
+    assert body(whole) == body(units[0]) + body(units[1])
+    assert units[0].count("cluster.sync();") == 1 and units[1].count("cluster.sync();") == len(bound) - 3
+    assert "float *cur = smem + 0 * BUF" in units[0] and "float *cur = smem + 0 * BUF" in units[1]
+    assert re.findall(r"    cydnn_net_layer_(\d+)\(", units[2]) == ["0", "2"]
+    for unit in units:
+        assert fused_net_gen.compile_cubin(unit, rdc=True)[:4] == b"\x7fELF"
+    with pytest.raises(ValueError, match="groups must start at layers"):
+        fused_net_gen.units(*args, groups=[0, len(bound)])

@@ -255,6 +255,7 @@ def inference(name, have_torch):
     res["cydnn_10k_img_s"] = 30000 / (time.perf_counter() - t0)
     fused = infer.info()["fused_net"]
     res["backend"] = {b: ("plan" if c is None else f"fused/{c}") for b, c in fused["clusters"].items()}
+    res["piped_10k"] = infer._pipe is not None        # the 10,000 images' full chunks went through the copy pipe
     res["fused_reason"], res["fused_timed_us"] = fused["reason"], fused["timed_us"]
     if have_torch:
         tm = torch_twin(model).eval()
@@ -331,6 +332,7 @@ def main():
               f"{i['torch_1_p50_us']:6.1f}; resident kernel p50 {i['resident_1_p50_us']:6.1f} (p99 "
               f"{i['resident_1_p99_us']:6.1f}, {i['resident_served']['served']}); 10k: {i['cydnn_10k_img_s']:,.0f} img/s vs torch "
               f"{i['torch_10k_img_s']:,.0f}; compile {i['compile_s']:.2f} s; backend by bucket {i['backend']}"
+              + f" (10k piped: {i.get('piped_10k')})"
               + (f" ({i['fused_reason']})" if i["fused_reason"] else "")
               + f"; generated kernels {_generated_summary(i['generated'])} (waited {i['generated_wait_s']:.1f} s)",
               flush=True)

@@ -279,7 +279,8 @@ def _generated_summary(generated):
         return str(generated)
     out = []
     for cluster, info in sorted(generated.items()):
-        forms = ", ".join(f"{f} {r.get('compile_s')} s {r.get('timed_us', {}).get('generated', '-')} us {r.get('status')}"
+        forms = ", ".join(f"{f} {r.get('compile_s')} s (ready {r.get('ready_s', '-')} s from the first call) "
+                          f"{r.get('timed_us', {}).get('generated', '-')} us {r.get('status')}"
                           for f, r in info.get("forms", {}).items())
         out.append(f"{cluster}: {info.get('status')} ({info.get('form', '-')}, first {info.get('first_s', '-')} s; {forms})")
     return "; ".join(out) or "none"

@@ -63,8 +63,11 @@ def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
     made = _stub_compiles(monkeypatch)
     assert kernels.start(8) and made == [("whole", "whole"), ("layers", ["unit 0", "kernel"])]   # the whole first
     assert kernels.get(8) is None and kernels.compiling(8)
+    for form, queued in (("layers", 0.3), ("whole", 0.25)):     # queued that long after the network's start
+        kernels._pending[8][form]._t0 = kernels._born + queued
     kernels._pending[8]["layers"].finish(seconds=0.8)
     assert kernels.get(8) == "layers" and kernels.info[8]["status"] == "in use" and kernels.info[8]["first_s"] == 0.8
+    assert kernels.info[8]["ready_s"] == 1.1                   # 0.3 + 0.8: from the network's start
     assert kernels.compiling(8)
     kernels._pending[8]["whole"].finish(seconds=2.5)
     assert kernels.get(8) == want and not kernels.compiling(8) and 8 not in kernels._pending
@@ -74,6 +77,7 @@ def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
     other = "whole" if want == "layers" else "layers"
     assert info["forms"][other]["status"] == ("replaced" if want == "whole" else "not used")
     assert info["forms"][want]["status"] == "in use"
+    assert info["forms"]["whole"]["ready_s"] == 2.75 and info["ready_s"] == (2.75 if want == "whole" else 1.1)
 
 
 def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):

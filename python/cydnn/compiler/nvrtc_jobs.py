@@ -163,6 +163,7 @@ class Linked:
     the result is asked for.  The same interface as a Generation; each unit goes through the disk cache on its own."""
 
     def __init__(self, texts, arch=ARCH):
+        self._t0 = time.perf_counter()                      # (its units are made right after: ``seconds`` counts from here)
         self.units = [Generation(t, arch, rdc=True) for t in texts]
         self._cubin, self._error = None, None
 
@@ -218,7 +219,9 @@ class GeneratedKernels:
     timed by ``trial(cluster, kernel)`` (the network's), kept only if it gives the same outputs and runs
     faster than the interpreter and than the form already in use.  ``info`` says what happened to each
     cluster (its top-level keys: the kernel in use, or the last refused; ``forms``: each form's record;
-    ``first_s``: the compile seconds of the first kernel put in use)."""
+    ``first_s``: the compile seconds of the first kernel put in use; ``ready_s``: the seconds from this object's
+    making -- the network's first call, right after ``compile()`` -- to the end of a form's compile, the issue's
+    "compile time" of generated code counted from the network's start)."""
 
     def __init__(self, make_source, trial, on=True):
         # the network's own methods, held weakly: the network holds this object, and a reference cycle
@@ -226,6 +229,7 @@ class GeneratedKernels:
         self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
         self._pending, self._ready, self.info = {}, {}, {}
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
+        self._born = time.perf_counter()
 
     def __del__(self):
         for forms in getattr(self, "_pending", {}).values():     # the network went: its compiles are not needed
@@ -275,6 +279,8 @@ class GeneratedKernels:
         info = self.info[cluster]
         rec = {"compile_s": round(gen.seconds, 2),
                "nvrtc_s": None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2), "cached": gen.cached}
+        if getattr(gen, "_t0", None) is not None:           # its queueing + its seconds: when it ended
+            rec["ready_s"] = round(gen._t0 + gen.seconds - self._born, 2)
         info.setdefault("forms", {})[form] = rec
         serving = self._ready.get(cluster)
         try:

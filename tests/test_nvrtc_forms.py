@@ -20,6 +20,11 @@ class _Done:
     def done(self):
         return True
 
+    @property
+    def ended(self):                 # (as a Generation's: its queueing, ``_t0`` where the test sets one, + seconds)
+        t0 = getattr(self, "_t0", None)
+        return None if t0 is None or self.seconds is None else t0 + self.seconds
+
     def wait(self, timeout=None):
         return True
 

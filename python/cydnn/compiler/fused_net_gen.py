@@ -179,13 +179,18 @@ def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax, groups=No
     return out
 
 
+def _switch(name, environ=None):
+    """An on/off environment variable: 1 (default, also when empty) or 0; anything else is refused."""
+    text = (os.environ if environ is None else environ).get(name, "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
 def split_layers(environ=None):
     """``$CYDNN_NVRTC_SPLIT``: 1 (default) -- a generated kernel is compiled in the "layers" form too (``units``),
     which is ready sooner -- or 0 (the "whole" form only); anything else is refused."""
-    text = (os.environ if environ is None else environ).get("CYDNN_NVRTC_SPLIT", "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"CYDNN_NVRTC_SPLIT must be 0 or 1, got {text!r}")
-    return text == "1"
+    return _switch("CYDNN_NVRTC_SPLIT", environ)
 
 
 def headers():
@@ -293,10 +298,7 @@ def compile_ptx(text, arch="compute_90"):
 
 def enabled(environ=None):
     """Whether kernels are generated: ``$CYDNN_FUSED_GEN`` 1 (default) or 0; anything else is refused."""
-    text = (os.environ if environ is None else environ).get("CYDNN_FUSED_GEN", "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"CYDNN_FUSED_GEN must be 0 or 1, got {text!r}")
-    return text == "1"
+    return _switch("CYDNN_FUSED_GEN", environ)
 
 
 _CU_JIT_ERROR_LOG_BUFFER, _CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, _CU_JIT_INPUT_CUBIN = 5, 6, 0

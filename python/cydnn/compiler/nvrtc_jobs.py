@@ -111,6 +111,11 @@ class Generation:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    @property
+    def ended(self):
+        """When the compile ended (time.perf_counter), None while it runs."""
+        return None if self.seconds is None else self._t0 + self.seconds
+
     def wait(self, timeout=None):
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.done():
@@ -163,7 +168,6 @@ class Linked:
     the result is asked for.  The same interface as a Generation; each unit goes through the disk cache on its own."""
 
     def __init__(self, texts, arch=ARCH):
-        self._t0 = time.perf_counter()                      # (its units are made right after: ``seconds`` counts from here)
         self.units = [Generation(t, arch, rdc=True) for t in texts]
         self._cubin, self._error = None, None
 
@@ -180,6 +184,11 @@ class Linked:
     @property
     def seconds(self):
         return None if not self.done() else max(u.seconds for u in self.units)
+
+    @property
+    def ended(self):
+        ends = [u.ended for u in self.units]
+        return None if None in ends or not ends else max(ends)
 
     @property
     def nvrtc_seconds(self):
@@ -279,8 +288,8 @@ class GeneratedKernels:
         info = self.info[cluster]
         rec = {"compile_s": round(gen.seconds, 2),
                "nvrtc_s": None if gen.nvrtc_seconds is None else round(gen.nvrtc_seconds, 2), "cached": gen.cached}
-        if getattr(gen, "_t0", None) is not None:           # its queueing + its seconds: when it ended
-            rec["ready_s"] = round(gen._t0 + gen.seconds - self._born, 2)
+        if gen.ended is not None:
+            rec["ready_s"] = round(gen.ended - self._born, 2)
         info.setdefault("forms", {})[form] = rec
         serving = self._ready.get(cluster)
         try:

@@ -66,6 +66,9 @@ class BuildExtWithCuda(build_ext):
             f"cuBLAS from the {tc.cublas.source} ({tc.cublas.lib_dir}); CUDA runtime {tc.cudart_lib_dir}")
         staged = cuda_toolchain.stage_headers(tc, os.path.join(os.path.abspath(self.build_temp), "cuda_include"))
         objects = self.compile_cuda(tc, staged)
+        if object_cache.unlink_if_objects_changed(objects, os.path.join(self.build_temp, "cuda_objects.sha256"),
+                                                  self.get_ext_fullpath(CUDA_EXTENSION)):
+            say("cydnn: the CUDA objects changed: the extension is linked again")
 
         import numpy
         for ext in self.extensions:

@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ["cache_dir", "tool_identity", "local_includes", "object_key", "fetch", "store"]
+__all__ = ["cache_dir", "tool_identity", "local_includes", "object_key", "fetch", "store", "unlink_if_objects_changed"]
 
 ENV = "CYDNN_BUILD_CACHE"
 KEY_VERSION = b"cydnn-object-cache-1"
@@ -146,3 +146,29 @@ def store(directory, key, obj):
         if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
         return None
+
+
+def unlink_if_objects_changed(objects, stamp, target):
+    """Remove the linked ``target`` where ``objects`` (their bytes, in order) are not those it was linked from, as
+    recorded in the file ``stamp`` (rewritten).  setuptools links an extension again only when a source or one of
+    its ``depends`` is newer than it; the CUDA objects are extra objects, so a change to cpp/*.cu alone left the old
+    extension in place.  (They are not ``depends``: those enter the host object's cache key.)  Returns whether the
+    target was removed."""
+    h = hashlib.sha256()
+    for obj in objects:
+        with open(obj, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    digest = h.hexdigest()
+    try:
+        with open(stamp) as f:
+            old = f.read().strip()
+    except OSError:
+        old = None
+    removed = False
+    if old != digest and os.path.exists(target):
+        os.remove(target)
+        removed = True
+    os.makedirs(os.path.dirname(os.path.abspath(stamp)), exist_ok=True)
+    with open(stamp, "w") as f:
+        f.write(digest + "\n")
+    return removed

@@ -154,3 +154,20 @@ def test_a_source_depends_on_the_headers_it_includes_and_theirs(tmp_path):
     assert key_b() == before                      # b.cu does not include it
     (cpp / "cydnn.h").write_text("int f(void);\nint g(void);\n")
     assert key_b() != before                      # through common.cuh
+
+
+def test_the_extension_is_linked_again_when_a_cuda_object_changes(tmp_path):
+    """setuptools relinks only where a source or ``depends`` is newer than the extension: a change to a .cu file alone
+    left the old library in place.  unlink_if_objects_changed removes it where the objects' bytes differ from the last
+    link's (the first time, with no record, too), and keeps it where they are the same."""
+    objs = [tmp_path / "a.o", tmp_path / "b.o"]
+    for o, data in zip(objs, (b"a1", b"b1")):
+        o.write_bytes(data)
+    stamp, target = tmp_path / "build" / "cuda_objects.sha256", tmp_path / "_C.so"
+    target.write_bytes(b"old")
+    assert object_cache.unlink_if_objects_changed(objs, stamp, target) and not target.exists()   # no record yet
+    target.write_bytes(b"linked")
+    assert not object_cache.unlink_if_objects_changed(objs, stamp, target) and target.exists()   # the same bytes
+    objs[1].write_bytes(b"b2")
+    assert object_cache.unlink_if_objects_changed(objs, stamp, target) and not target.exists()
+    assert not object_cache.unlink_if_objects_changed(objs, stamp, target)                      # nothing to remove

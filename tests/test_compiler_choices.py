@@ -87,11 +87,14 @@ class _Generated:
     """The fused network's generated kernels as FusedChoice sees them: compiling, ready, or refused."""
 
     def __init__(self, state):
-        self.state, self.started = state, []
+        self.state, self.started, self.dropped = state, [], []
 
     def start(self, cluster):
         self.started.append(cluster)
         return self.state != "off"
+
+    def drop(self, cluster, why):
+        self.dropped.append(cluster)
 
     def compiling(self, cluster):
         return self.state == "compiling"
@@ -119,12 +122,14 @@ class _Out:
         return self.v
 
 
-def _choice(state, first_times, monkeypatch, again=None):
+def _choice(state, first_times, monkeypatch, again=None, expect=False):
     """A FusedChoice over a fake network; its first timing returns ``first_times`` (us; None: the plan), the second
-    timing ``again`` (us: the fused call, then the plan's)."""
+    timing ``again`` (us: the fused call, then the plan's); ``expect``: the call's ``expect`` before the choice."""
     choice = object.__new__(fused_choice.FusedChoice)
     choice.mode, choice.reason, choice.net = "auto", None, _Net(state)
-    choice.clusters, choice.timed_us, choice.skipped, choice.hoped = {}, {}, {}, {}
+    choice.clusters, choice.timed_us, choice.skipped, choice.hoped, choice.expected = {}, {}, {}, {}, None
+    if expect:
+        choice.expect(1)
     monkeypatch.setattr(fused_choice.FusedChoice, "_time",
                         staticmethod(lambda candidates: {k: first_times[k] * 1e-6 for k in candidates}))
     seconds = iter([] if again is None else [t * 1e-6 for t in again])
@@ -170,6 +175,38 @@ def test_a_refused_kernel_leaves_the_plan_without_a_second_timing(monkeypatch):
 def test_generation_switched_off_hopes_for_nothing(monkeypatch):
     choice = _choice("off", FIRST, monkeypatch)
     assert choice.clusters[1] is None and not choice.hoped
+
+
+@pytest.mark.parametrize("times, started, kept", [
+    ({**FIRST, 16: 30.0}, [16, 16], True),                        # the expected cluster wins: its compile goes on
+    ({**FIRST, 8: 30.0}, [16, 8], False),                         # another wins: stopped, the winner's started
+    ({**FIRST, 8: 60.0, 16: 45.0}, [16, 16], True),               # the plan wins by little, 16 the best: hoped for
+    ({k: (v if k is None else v * 2) for k, v in FIRST.items()}, [16], False)])   # the plan by much: stopped
+def test_a_one_image_first_call_starts_the_largest_clusters_kernel_before_the_timing(monkeypatch, times, started,
+                                                                                      kept):
+    """expect: a one-image bucket's first call starts the kernel generated for EXPECTED_CLUSTER before the plan is
+    built and the candidates timed; the choice keeps that compile where the cluster serves or is hoped for, else
+    drops it; a bucket already chosen expects nothing."""
+    assert fused_choice.EXPECTED_CLUSTER == 16
+    choice = _choice("compiling", times, monkeypatch, expect=True)
+    assert choice.net.generated.started == started
+    assert choice.net.generated.dropped == ([] if kept else [16]) and choice.expected is None
+    choice.expect(1)
+    assert choice.net.generated.started == started
+
+
+def test_only_a_one_image_bucket_expects_and_only_once(monkeypatch):
+    choice = object.__new__(fused_choice.FusedChoice)
+    choice.net, choice.expected, choice.clusters = _Net("compiling"), None, {}
+    choice.expect(8)
+    assert choice.net.generated.started == [] and choice.expected is None
+    choice.expect(1)
+    choice.expect(1)
+    assert choice.net.generated.started == [fused_choice.EXPECTED_CLUSTER] == [choice.expected]
+    off = object.__new__(fused_choice.FusedChoice)
+    off.net, off.expected, off.clusters = _Net("off"), None, {}      # generation switched off: nothing expected
+    off.expect(1)
+    assert off.expected is None
 
 
 # ------------------------------------------------- the steps' timed choices, with the library calls faked

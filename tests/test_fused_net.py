@@ -368,7 +368,7 @@ def test_a_numpy_call_chooses_by_the_numpy_paths_times(monkeypatch):
             monkeypatch.setattr(fused_choice, "time_calls", fake_time)
             choice = object.__new__(fused_choice.FusedChoice)
             choice.mode, choice.reason, choice.net = "auto", None, net
-            choice.clusters, choice.timed_us, choice.skipped, choice.hoped = {}, {}, {}, {}
+            choice.clusters, choice.timed_us, choice.skipped, choice.hoped, choice.expected = {}, {}, {}, {}, None
             chosen = choice.choose(8, 3, Rows(8), launch, output, host=host)
             assert chosen == min(cost, key=cost.get)
             assert choice.timed_us[8] == {("plan" if k is None else f"fused/{k}"): float(v) for k, v in cost.items()}

@@ -39,6 +39,7 @@ def _stub_compiles(monkeypatch, made=None):
     asked for, (form, text).  (A machine that runs eight compiles at once.)"""
     made = [] if made is None else made
     monkeypatch.setattr(nvrtc_jobs, "MAX_RUNNING", 8)
+    monkeypatch.setattr(nvrtc_jobs, "POLL_S", 0.0)           # every call looks (test_calls_look_at_compiles_...)
     monkeypatch.setattr(nvrtc_jobs, "Generation", lambda text, arch=None, rdc=False: made.append(("whole", text))
                         or _Pending(text))
     monkeypatch.setattr(nvrtc_jobs, "Linked", lambda texts, arch=None: made.append(("layers", texts))
@@ -119,6 +120,62 @@ def test_the_layers_form_is_compiled_where_it_is_on_and_can_run_side_by_side(mon
     assert [form for form, _ in made] == forms
 
 
+def test_a_dropped_cluster_stops_its_compiles_and_may_start_again(monkeypatch):
+    """drop (a compile started before the timing, which chose another cluster): the cluster's running compiles are
+    killed with the reason and forgotten, so that a later start compiles it again; a kernel in use is kept."""
+    from cydnn import _C
+    monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
+    made = _stub_compiles(monkeypatch)
+
+    class Net(_Forms):
+        def trial(self, cluster, kernel):
+            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
+    net = Net()
+    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
+    kernels.start(16)
+    forms = dict(kernels._pending[16])
+    kernels.drop(16, "dropped: cluster 16 was not chosen")
+    assert all(f.killed == "dropped: cluster 16 was not chosen" for f in forms.values())
+    assert 16 not in kernels.info and not kernels.compiling(16) and kernels.get(16) is None
+    made.clear()
+    assert kernels.start(16) and [form for form, _ in made] == ["whole", "layers"]     # compiled again
+    for form in ("layers", "whole"):
+        kernels._pending[16][form].finish()
+    assert kernels.get(16) == "layers"               # (both timed 30 us: the first adopted stays)
+    kernels.drop(16, "dropped")
+    assert kernels.get(16) == "layers" and kernels.info[16]["status"] == "in use"
+
+
+def test_calls_look_at_running_compiles_at_most_every_poll_interval(monkeypatch):
+    """A call's get / compiling polls the cluster's child processes at most once every POLL_S (a look cost a
+    one-image call ~15-20 us while its kernel compiled); wait looks at once."""
+    from cydnn import _C
+    monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")
+    _stub_compiles(monkeypatch)
+    monkeypatch.setattr(nvrtc_jobs, "POLL_S", 3600.0)
+    polls = []
+
+    class Net(_Forms):
+        def trial(self, cluster, kernel):
+            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
+    net = Net()
+    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
+    kernels.start(4)
+    whole = kernels._pending[4]["whole"]
+    done = whole.done
+    whole.done = lambda: polls.append(1) or done()
+    assert kernels.get(4) is None and polls == [1]                 # the first look
+    whole.finish()
+    assert kernels.get(4) is None and kernels.compiling(4) and polls == [1]    # within the interval: no look
+    assert kernels.wait(4) == "whole" and polls == [1, 1] and not kernels.compiling(4)
+    monkeypatch.setattr(nvrtc_jobs, "POLL_S", 0.0)
+    kernels.start(8)
+    kernels._pending[8]["whole"].finish()
+    assert kernels.get(8) == "whole"                               # the interval past: the next call adopts it
+
+
 def test_a_linked_kernel_is_done_when_every_unit_is_and_links_them_in_order(monkeypatch):
     """Linked: done only when each unit is; its time is the slowest unit's; its result the driver's link of the
     units' cubins in order (once); a unit's error, or the link's, is its error."""
@@ -177,7 +234,8 @@ class _Pending(_Done):
         return self.finished
 
     def kill(self, why=""):
-        pass
+        if not self.finished:
+            self.killed = why
 
 
 def test_a_link_the_driver_refuses_names_the_result(monkeypatch):

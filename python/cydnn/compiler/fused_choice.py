@@ -10,13 +10,19 @@ from .. import _C
 from .executor import time_calls
 from .fused_net import CLUSTERS, FusedNetwork, describe
 
-__all__ = ["FusedChoice", "GENERATED_HOPE"]
+__all__ = ["FusedChoice", "GENERATED_HOPE", "EXPECTED_CLUSTER"]
 
 #: Where the plan beats the fused network's interpreter by less than this factor, the kernel generated for the
 #: network is compiled anyway and timed against the plan once it is ready: generated kernels ran 15-45 % faster
 #: than the interpreter (docs/performance.md, sessions 18 and 23), and waiting for the interpreter to win first
 #: left the 3x32x32 CNN's and LeNet 16/32's one-image calls on the plan (62 and 44 us).
 GENERATED_HOPE = 1.8
+#: The cluster size whose generated kernel starts compiling as soon as a one-image bucket's first call comes,
+#: before that call builds its plan and times the candidates (0.3-0.4 s of the CNN's and LeNet 16/32's first call
+#: on the H100, during which NVRTC already runs): the largest, chosen for one image by four of the five zoo networks
+#: the fused network takes (the small MLP chose 8: docs/performance.md, session 29).  Where the timing chooses
+#: another, or the plan by too much to hope, the compile is stopped (``FusedChoice.choose``).
+EXPECTED_CLUSTER = CLUSTERS[-1]
 
 
 def _plan_from_host(x, m, host, plan_launch, plan_output):
@@ -44,6 +50,7 @@ class FusedChoice:
         self.mode, self.reason, self.net = mode, None, None
         self.clusters, self.timed_us, self.skipped = {}, {}, {}
         self.hoped = {}       # bucket -> (cluster, the fused call, the plan's call): the plan won, a kernel compiles
+        self.expected = None  # the cluster whose kernel started compiling before any timing (expect), until chosen
         if mode == "off":
             self.reason = "switched off (fused_net='off')"
             return
@@ -56,6 +63,14 @@ class FusedChoice:
                                     resident_us)
         except (_C.CydnnError, ValueError) as e:
             self.reason = f"the fused kernel refused the network: {e}"
+
+    def expect(self, bucket):
+        """A bucket's first call, before its plan is built and its candidates timed: for one image, the kernel
+        generated for EXPECTED_CLUSTER starts compiling now, so that NVRTC runs while the plan is built (``choose``
+        keeps it where that cluster serves the bucket or may, and stops it otherwise)."""
+        if (self.net is not None and bucket == 1 and bucket not in self.clusters and self.expected is None
+                and self.net.generated.start(EXPECTED_CLUSTER)):
+            self.expected = EXPECTED_CLUSTER
 
     def cluster(self, bucket):
         """The cluster size chosen for ``bucket`` (None: the plan; missing: not chosen yet).  Where the plan won
@@ -132,4 +147,13 @@ class FusedChoice:
             best = min((k for k in times if k is not None), key=times.get)
             if times[best] <= GENERATED_HOPE * times[None] and self.net.generated.start(best):
                 self.hoped[bucket] = (best, candidates[best], candidates[None])
+        self._settle_expected()
         return chosen
+
+    def _settle_expected(self):
+        """After a choice: the compile ``expect`` started is kept where a bucket runs its cluster or hopes for it,
+        else stopped (its CPU goes to the compile that was chosen)."""
+        wanted = set(self.clusters.values()) | {c for c, _, _ in self.hoped.values()}
+        if self.expected is not None and self.expected not in wanted:
+            self.net.generated.drop(self.expected, f"dropped: cluster {self.expected} was not chosen")
+        self.expected = None

@@ -217,6 +217,8 @@ class CompiledInference:
                 else:
                     out[start:start + m] = self._fused.net.run_host(chunk, cluster)
                 continue
+            if cluster == "?":                       # a first call: a kernel may start compiling before the plan
+                self._fused.expect(bucket)
             bucket, runner = self._runner(m)
             arrays = runner.bound.arrays
             dst = arrays["x"] if m == bucket else arrays["x"][:m]

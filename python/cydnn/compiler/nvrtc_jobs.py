@@ -216,6 +216,11 @@ class Linked:
 #: whole (faster: 3-12 us on the zoo); each is adopted when it passes its check and runs faster than what
 #: serves (docs/performance.md, session 27)
 FORMS = ("layers", "whole")
+#: seconds between two looks at a cluster's running compiles from the network's calls (GeneratedKernels.get and
+#: compiling): a look polls every child process, 8 of them for the CNN's two forms, and a one-image call that
+#: looked each time paid ~15-20 us for it while its kernel compiled (cluster 16 timed 75 against 53 us beside its
+#: own compile, and lost the choice: docs/performance.md, session 29)
+POLL_S = 0.01
 #: the layers form is compiled only where this many NVRTC children may run at once (MAX_RUNNING: half the CPUs);
 #: with fewer, its units would queue one after another and hold the whole form back
 LAYERS_MIN_RUNNING = 4
@@ -236,7 +241,7 @@ class GeneratedKernels:
         # the network's own methods, held weakly: the network holds this object, and a reference cycle
         # would keep its device buffers until the next garbage collection instead of until it goes
         self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
-        self._pending, self._ready, self.info = {}, {}, {}
+        self._pending, self._ready, self.info, self._looked = {}, {}, {}, {}
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
         self._born = time.perf_counter()
 
@@ -259,26 +264,48 @@ class GeneratedKernels:
             self.info[cluster] = {"status": "compiling"}
         return cluster in self._pending or cluster in self._ready
 
+    def drop(self, cluster, why):
+        """Stop ``cluster``'s compiles (a start made before the timing, which chose another cluster) and forget
+        them, so that a later ``start`` compiles it again; a kernel already in use stays."""
+        if cluster in self._ready:
+            return
+        for gen in self._pending.pop(cluster, {}).values():
+            gen.kill(why)
+        self.info.pop(cluster, None)
+
     def compiling(self, cluster):
         """Whether a form of ``cluster``'s kernel is still being compiled (not yet adopted or refused)."""
-        return any(not gen.done() for gen in self._pending.get(cluster, {}).values())
+        self._look(cluster)
+        return cluster in self._pending
 
     def get(self, cluster):
-        forms = self._pending.get(cluster)
-        if forms:
-            for form, gen in list(forms.items()):
-                if gen.done():
-                    del forms[form]
-                    self._adopt(cluster, form, gen)
-            if not forms:
-                del self._pending[cluster]
+        """The kernel in use for ``cluster``, or None; a finished compile is adopted on the way."""
+        self._look(cluster)
         return self._ready.get(cluster)
 
     def wait(self, cluster, timeout=120):
         """Block until every form of ``cluster``'s kernel is compiled and adopted or refused (tests, benchmarks)."""
         for gen in list(self._pending.get(cluster, {}).values()):
             gen.wait(timeout)
-        return self.get(cluster)
+        self._look(cluster, force=True)
+        return self._ready.get(cluster)
+
+    def _look(self, cluster, force=False):
+        """Adopt ``cluster``'s finished compiles: at most once every POLL_S seconds from the calls (each look polls
+        every child process), at once from ``wait``."""
+        forms = self._pending.get(cluster)
+        if not forms:
+            return
+        now, last = time.perf_counter(), self._looked.get(cluster)
+        if not force and last is not None and now - last < POLL_S:
+            return
+        self._looked[cluster] = now
+        for form, gen in list(forms.items()):
+            if gen.done():
+                del forms[form]
+                self._adopt(cluster, form, gen)
+        if not forms:
+            del self._pending[cluster]
 
     def source(self, cluster, form="whole"):
         return self._make_source()(cluster, form)

@@ -12,7 +12,8 @@
 //     captured graph per size bucket (1, 2, 4, ..., 64) holding the fused
 //     forward, which reads n and the images from that host buffer and writes
 //     the probabilities to another over PCIe.  A call is memcpy into pinned
-//     memory, one graph launch, one wait, memcpy out.
+//     memory, one graph launch, one wait (for the outputs themselves where n
+//     fills its bucket: mapped_wait.h), memcpy out.
 //   large n: chunks of kChunk images through two pinned buffers, so that the
 //     host copy of chunk i+1 overlaps the GPU's copy, forward and copy back
 //     of chunk i.
@@ -23,6 +24,7 @@
 #include <new>
 
 #include "common.cuh"
+#include "mapped_wait.h"
 #include "memory.cuh"
 
 struct cydnnGraph {
@@ -239,6 +241,11 @@ cydnnStatus_t run_small(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
     const int bucket = 1 << b;
     *(int *)s.h_in = n;
     std::memcpy((char *)s.h_in + kHeader, images, (size_t)n * image_bytes(p->classic, kind));
+    // n a whole bucket: every block of the forward has an image, so that once every output was written no block
+    // is left to read the header or the images (which the next call rewrites): wait for the outputs
+    // (mapped_wait.h), else for the stream
+    const bool spin = n == bucket;
+    if (spin) cydnn_mapped_clear(s.h_out, (size_t)n * p->nc);
     if (p->use_graphs) {
         if (s.graphs[b] == nullptr) {
             CYDNN_TRY(cydnn_graph_begin(p->ctx));
@@ -253,7 +260,8 @@ cydnnStatus_t run_small(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
     } else {
         CYDNN_TRY(enqueue_small(p, kind, bucket, w));
     }
-    CYDNN_CUDA(kPredictOp, cudaStreamSynchronize(p->ctx->stream));
+    if (!spin || !cydnn_mapped_written(s.h_out, (size_t)n * p->nc, CYDNN_MAPPED_SPIN_NS))
+        CYDNN_CUDA(kPredictOp, cudaStreamSynchronize(p->ctx->stream));
     std::memcpy(probs, s.h_out, sizeof(float) * (size_t)n * p->nc);
     return CYDNN_STATUS_SUCCESS;
 }

@@ -9,36 +9,17 @@ NET_OPS = {"conv": CYDNN_NET_CONV, "linear": CYDNN_NET_LINEAR, "max_pool": CYDNN
 NET_EPI_ACT, NET_EPI_BN = CYDNN_NET_EPI_ACT, CYDNN_NET_EPI_BN
 
 
-# A one-image call through mapped memory waits for its outputs rather than for the stream: the host fills the mapped
-# output words with MAPPED_PENDING (a NaN payload no kernel computes: the GPU's arithmetic gives the canonical NaN),
-# launches, and spins until every word was overwritten (each is written once, at the image's end, after every read
-# of the input); past spin_ns it synchronises the stream instead, which also raises a kernel's error.  On the H100
-# this saved 1.2-1.8 us a call against cudaStreamSynchronize (docs/performance.md, session 29).
-cdef extern from *:
-    """
-    #include <time.h>
-    /* 1 when none of the n 32-bit words at p (mapped pinned memory written by a kernel over PCIe) holds `pending`
-       any more, 0 when limit_ns passed first. */
-    static int cydnn_mapped_written(const void *p, size_t n, unsigned int pending, long long limit_ns) {
-        const volatile unsigned int *w = (const volatile unsigned int *)p;
-        struct timespec t0, t;
-        size_t i = 0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (;;) {
-            while (i < n && w[i] != pending) ++i;     /* a word once written stays written */
-            if (i == n) {
-                __atomic_thread_fence(__ATOMIC_ACQUIRE);
-                return 1;
-            }
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((long long)(t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec) > limit_ns) return 0;
-        }
-    }
-    """
-    int cydnn_mapped_written(const void *p, size_t n, unsigned int pending, long long limit_ns) nogil
+# A call of a few images through mapped memory waits for its outputs rather than for the stream (cpp/mapped_wait.h):
+# the output words are set to MAPPED_PENDING, and the host spins until every one was overwritten, for at most
+# spin_ns, then synchronises the stream (which also raises a kernel's error).
+cdef extern from "mapped_wait.h":
+    unsigned int CYDNN_MAPPED_PENDING
+    long long CYDNN_MAPPED_SPIN_NS
+    void cydnn_mapped_clear(void *p, size_t n) nogil
+    int cydnn_mapped_written(const void *p, size_t n, long long limit_ns) nogil
 
-MAPPED_PENDING = 0x7FBADBAD
-MAPPED_SPIN_NS = 2_000_000
+MAPPED_PENDING = CYDNN_MAPPED_PENDING
+MAPPED_SPIN_NS = CYDNN_MAPPED_SPIN_NS
 
 
 cdef class MappedBuffer:
@@ -147,7 +128,7 @@ cdef class FusedNet:
         check(_net_launch(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster, kernel), "fused_net_forward")
 
     def run_mapped(self, cnp.ndarray x not None, cnp.ndarray out not None, MappedBuffer xin not None,
-                   MappedBuffer yout not None, int cluster=1, NetKernel kernel=None, long long spin_ns=MAPPED_SPIN_NS):
+                   MappedBuffer yout not None, int cluster=1, NetKernel kernel=None, long long spin_ns=CYDNN_MAPPED_SPIN_NS):
         """numpy in, numpy out through mapped pinned memory: x copied into ``xin`` on the host, one launch
         whose kernel reads ``xin`` and writes ``yout`` over PCIe, one wait, ``yout`` copied into out (a few
         images: two copies on the stream would cost more than the kernel's reads).  The wait: until every output
@@ -164,18 +145,15 @@ cdef class FusedNet:
             raise ValueError(f"fused_net_forward: mapped buffers of {xin.nbytes} and {yout.nbytes} bytes cannot hold "
                              f"{n} images ({in_bytes} and {out_bytes} bytes)")
         cdef cydnnContext *c = ctx()
-        cdef uint32_t *words = <uint32_t *>yout.host
-        cdef size_t i, count = out_bytes // 4
-        cdef uint32_t pending = MAPPED_PENDING
+        cdef size_t count = out_bytes // 4
         cdef bint written = False
         memcpy(xin.host, cnp.PyArray_DATA(x), in_bytes)
-        for i in range(count):
-            words[i] = pending
+        cydnn_mapped_clear(yout.host, count)
         check(_net_launch(c, &self.net, <const float *>xin.device, n, <float *>yout.device, cluster, kernel),
               "fused_net_forward")
         if spin_ns > 0:
             with nogil:
-                written = cydnn_mapped_written(yout.host, count, pending, spin_ns)
+                written = cydnn_mapped_written(yout.host, count, spin_ns)
         if not written:
             check(cydnn_context_synchronize(c), "fused_net_forward")
         memcpy(cnp.PyArray_DATA(out), yout.host, out_bytes)

@@ -120,19 +120,26 @@ def test_the_layers_form_is_compiled_where_it_is_on_and_can_run_side_by_side(mon
     assert [form for form, _ in made] == forms
 
 
-def test_a_dropped_cluster_stops_its_compiles_and_may_start_again(monkeypatch):
-    """drop (a compile started before the timing, which chose another cluster): the cluster's running compiles are
-    killed with the reason and forgotten, so that a later start compiles it again; a kernel in use is kept."""
+def _passing_kernels(monkeypatch, split, made=None):
+    """GeneratedKernels over stand-in compiles (``_stub_compiles``) whose every kernel passes its trial at 30 us
+    (the interpreter's 40), and the network it holds weakly (keep it); ``split``: $CYDNN_NVRTC_SPLIT."""
     from cydnn import _C
     monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
-    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
-    made = _stub_compiles(monkeypatch)
+    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", split)
+    _stub_compiles(monkeypatch, made)
 
     class Net(_Forms):
         def trial(self, cluster, kernel):
             return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
     net = Net()
-    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
+    return nvrtc_jobs.GeneratedKernels(net.src, net.trial), net
+
+
+def test_a_dropped_cluster_stops_its_compiles_and_may_start_again(monkeypatch):
+    """drop (a compile started before the timing, which chose another cluster): the cluster's running compiles are
+    killed with the reason and forgotten, so that a later start compiles it again; a kernel in use is kept."""
+    made = []
+    kernels, _net = _passing_kernels(monkeypatch, "1", made)
     kernels.start(16)
     forms = dict(kernels._pending[16])
     kernels.drop(16, "dropped: cluster 16 was not chosen")
@@ -150,18 +157,9 @@ def test_a_dropped_cluster_stops_its_compiles_and_may_start_again(monkeypatch):
 def test_calls_look_at_running_compiles_at_most_every_poll_interval(monkeypatch):
     """A call's get / compiling polls the cluster's child processes at most once every POLL_S (a look cost a
     one-image call ~15-20 us while its kernel compiled); wait looks at once."""
-    from cydnn import _C
-    monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
-    monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "0")
-    _stub_compiles(monkeypatch)
+    kernels, _net = _passing_kernels(monkeypatch, "0")
     monkeypatch.setattr(nvrtc_jobs, "POLL_S", 3600.0)
     polls = []
-
-    class Net(_Forms):
-        def trial(self, cluster, kernel):
-            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
-    net = Net()
-    kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
     kernels.start(4)
     whole = kernels._pending[4]["whole"]
     done = whole.done

@@ -79,22 +79,6 @@ def test_fast_predict_equals_reference(classic, n, mnist):
 
 
 @gpu
-def test_small_predicts_one_after_another_give_each_its_own_probabilities(mnist):
-    """The small path waits for its outputs in mapped memory where n fills its bucket (1, 2, 4, ..., 64:
-    cpp/mapped_wait.h) and for the stream otherwise: call after call on other images, no word of the call before
-    may pass for this one's -- every call equals the reference path on its own images."""
-    model = _trained(False, mnist, steps=50)
-    images = mnist[2]
-    start = 0
-    for n in (1, 1, 2, 3, 4, 1, 8, 5, 64, 1, 16, 2):
-        x = images[start:start + n]
-        start += n
-        got = model.predict(x)
-        assert np.abs(got - model.predict(x, fast=False)).max() <= 1e-5
-        assert not np.any(got.view(np.uint32) == _C.MAPPED_PENDING)
-
-
-@gpu
 def test_fast_predict_follows_new_and_updated_weights(mnist):
     model = _trained(False, mnist, steps=50)
     x = mnist[2][:16]

@@ -2,7 +2,8 @@
 (cpp/mapped_wait.h), on the GPU: the fused network's run_mapped.  Each call sets the output words to MAPPED_PENDING
 and returns once the kernel overwrote them all, so a word of the call before must never pass for this call's: calls
 one after another on other inputs are compared with the calls that synchronise the stream and with the staged path.
-(The LeNet-5 predictor's small path, which waits the same way: test_fast.py.)"""
+And the LeNet-5 predictor's small path, which waits the same way where the images fill their graph's bucket: each
+small predict equals the reference path on its own images."""
 import numpy as np
 import pytest
 
@@ -10,6 +11,7 @@ from cydnn import _C
 from cydnn.compiler import fused_net
 from cydnn.compiler.trace import trace
 
+from test_fast import _trained, mnist  # noqa: F401  (mnist: the fixture, real MNIST)
 from test_fused_net import CASES
 
 gpu = pytest.mark.gpu
@@ -40,3 +42,19 @@ def test_a_mapped_call_that_waits_for_its_outputs_gives_the_synchronised_calls_b
         np.testing.assert_array_equal(spun, synced)
         np.testing.assert_array_equal(spun, staged)
         assert not np.any(spun.view(np.uint32) == _C.MAPPED_PENDING)
+
+
+@gpu
+def test_small_predicts_one_after_another_give_each_its_own_probabilities(mnist):
+    """The small path waits for its outputs in mapped memory where n fills its bucket (1, 2, 4, ..., 64:
+    cpp/mapped_wait.h) and for the stream otherwise: call after call on other images, no word of the call before
+    may pass for this one's -- every call equals the reference path on its own images."""
+    model = _trained(False, mnist, steps=50)
+    images = mnist[2]
+    start = 0
+    for n in (1, 1, 2, 3, 4, 1, 8, 5, 64, 1, 16, 2):
+        x = images[start:start + n]
+        start += n
+        got = model.predict(x)
+        assert np.abs(got - model.predict(x, fast=False)).max() <= 1e-5
+        assert not np.any(got.view(np.uint32) == _C.MAPPED_PENDING)

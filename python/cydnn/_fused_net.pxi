@@ -19,7 +19,6 @@ cdef extern from "mapped_wait.h":
     int cydnn_mapped_written(const void *p, size_t n, long long limit_ns) nogil
 
 MAPPED_PENDING = CYDNN_MAPPED_PENDING
-MAPPED_SPIN_NS = CYDNN_MAPPED_SPIN_NS
 
 
 cdef class MappedBuffer:
@@ -128,7 +127,8 @@ cdef class FusedNet:
         check(_net_launch(ctx(), &self.net, f32(x, "x"), n, f32(y, "y"), cluster, kernel), "fused_net_forward")
 
     def run_mapped(self, cnp.ndarray x not None, cnp.ndarray out not None, MappedBuffer xin not None,
-                   MappedBuffer yout not None, int cluster=1, NetKernel kernel=None, long long spin_ns=CYDNN_MAPPED_SPIN_NS):
+                   MappedBuffer yout not None, int cluster=1, NetKernel kernel=None,
+                   long long spin_ns=CYDNN_MAPPED_SPIN_NS):
         """numpy in, numpy out through mapped pinned memory: x copied into ``xin`` on the host, one launch
         whose kernel reads ``xin`` and writes ``yout`` over PCIe, one wait, ``yout`` copied into out (a few
         images: two copies on the stream would cost more than the kernel's reads).  The wait: until every output

@@ -30,9 +30,9 @@ class Generation:
     others wait their turn: a test suite or a notebook makes many networks).  A cubin compiled before
     from the same source, headers, options and NVRTC comes from the disk cache instead (kernel_cache.py;
     ``cached``), and a fresh one goes into it.  ``done()`` polls; ``result()`` once done: the cubin, or
-    raises the GenerationError.  ``rdc``: relocatable code, one unit of a linked kernel (``Linked``).  ``seconds``: from the Generation's making until the compile ended (the child's
-    own clock where NVRTC ran, so not later when nobody looked); ``nvrtc_seconds``: NVRTC's part of it (None
-    from the cache)."""
+    raises the GenerationError.  ``rdc``: relocatable code, one unit of a linked kernel (``Linked``).
+    ``seconds``: from the Generation's making until the compile ended (the child's own clock where NVRTC ran, so
+    not later when nobody looked); ``nvrtc_seconds``: NVRTC's part of it (None from the cache)."""
 
     def __init__(self, text, arch=ARCH, rdc=False):
         self.cubin, self.error, self.seconds, self.cached, self.nvrtc_seconds = None, None, None, False, None
@@ -272,6 +272,7 @@ class GeneratedKernels:
         for gen in self._pending.pop(cluster, {}).values():
             gen.kill(why)
         self.info.pop(cluster, None)
+        self._looked.pop(cluster, None)
 
     def compiling(self, cluster):
         """Whether a form of ``cluster``'s kernel is still being compiled (not yet adopted or refused)."""

@@ -15,6 +15,7 @@
 // Each derivative is written in terms of the output y, as the per-op backward kernels:
 //   relu' = (y > 0), tanh' = 1 - y^2, sigmoid' = y (1 - y), leaky' = y > 0 ? 1 : slope.
 #include <cmath>
+#include <cstdint>
 
 #include "act_math.cuh"
 #include "common.cuh"
@@ -50,9 +51,12 @@ __global__ void act_backward_kernel(const float *y, const float *dy, float *dx, 
 // g = dy * act'(y) for the elements of channel c (blockIdx.y) in chunk p (blockIdx.x) of
 // kChunk elements, written to dx; the chunk's sum of g goes to partial[c * chunks + p]
 // (or straight to dbias[c] when one chunk covers the channel).  Fixed reduction order in
-// the block, and bias_sum_kernel adds a channel's chunks in order: the same bits every run.
+// the block, and bias_sum_kernel adds a channel's chunks in a fixed order: the same bits every run.
+// kChunk is small (4 values a thread; a 2x2 pooling window a thread) so that a step's layers fill the GPU: at
+// 8,192 the CNN's first pooling backward ran 192 blocks of 8 windows a thread, its third 96 blocks, 11-20 us
+// each in session 30's profile, several times their bytes' time.
 constexpr int kReduceThreads = 256;
-constexpr size_t kChunk = 8192;
+constexpr size_t kChunk = 1024;
 
 // The block's threads' sums added in a fixed tree order (the same bits every run); thread 0 stores the total.
 // Block-uniform: every thread of the block calls it.
@@ -85,12 +89,16 @@ __global__ void act_backward_partial_kernel(const float *y, const float *dy, flo
     if (partial != nullptr) store_block_sum(sum, partial + (size_t)c * chunks + blockIdx.x);
 }
 
+// A warp a channel: lane l adds chunks l, l + 32, ... in order, then the lanes' sums in a fixed shuffle tree (the
+// same bits every run).  The warp leaves whole (c is the same for its 32 lanes).
+constexpr int kSumWarpsPerBlock = kReduceThreads / 32;
 __global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = (int)(threadIdx.x % 32);
     if (c >= channels) return;
     float total = 0.0f;
-    for (int p = 0; p < chunks; ++p) total += partial[(size_t)c * chunks + p];
-    dbias[c] = total;
+    for (int p = lane; p < chunks; p += 32) total += partial[(size_t)c * chunks + p];
+    for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane == 0) dbias[c] = total;
 }
 
 // max_pool_act_backward: channel c (blockIdx.y), chunk p (blockIdx.x) of kChunk / (kh * kw) windows of
@@ -102,7 +110,7 @@ __global__ void bias_sum_kernel(const float *partial, float *dbias, int channels
 template <typename I>
 __global__ void max_pool_act_backward_kernel(const float *y, const float *dy, float *dx, float *partial,
                                              I channels, int oh, int ow, int kh, int kw, I windows,
-                                             I per_block, int chunks, int act, float slope) {
+                                             I per_block, int chunks, int act, float slope, int vec2) {
     const I c = blockIdx.y;
     const int h = oh * kh, w = ow * kw;
     const I plane_windows = (I)oh * (I)ow;
@@ -116,6 +124,29 @@ __global__ void max_pool_act_backward_kernel(const float *y, const float *dy, fl
         const float *yp = y + plane * (I)h * (I)w;
         float *dxp = dx + plane * (I)h * (I)w;
         const int y0 = oy * kh, x0 = ox * kw;
+        if (vec2) {                       // a 2x2 window as two float2 (x0 even, the rows 8-byte aligned)
+            const I i0 = (I)y0 * (I)w + (I)x0, i1 = i0 + (I)w;
+            const float2 a = *reinterpret_cast<const float2 *>(yp + i0), b = *reinterpret_cast<const float2 *>(yp + i1);
+            float best = -INFINITY;
+            int arg = 0;
+            if (a.x > best) { best = a.x; arg = 0; }
+            if (a.y > best) { best = a.y; arg = 1; }
+            if (b.x > best) { best = b.x; arg = 2; }
+            if (b.y > best) arg = 3;
+            const float d = dy[plane * plane_windows + r];
+            // the general path's arithmetic: (0 + d or 0) * act'(y), summed in row-major order
+            const float2 ga = make_float2((arg == 0 ? 0.0f + d : 0.0f) * derivative(a.x, act, slope),
+                                          (arg == 1 ? 0.0f + d : 0.0f) * derivative(a.y, act, slope));
+            const float2 gb = make_float2((arg == 2 ? 0.0f + d : 0.0f) * derivative(b.x, act, slope),
+                                          (arg == 3 ? 0.0f + d : 0.0f) * derivative(b.y, act, slope));
+            *reinterpret_cast<float2 *>(dxp + i0) = ga;
+            *reinterpret_cast<float2 *>(dxp + i1) = gb;
+            sum += ga.x;
+            sum += ga.y;
+            sum += gb.x;
+            sum += gb.y;
+            continue;
+        }
         float best = -INFINITY;
         int by = y0, bx = x0;
         for (int yy = y0; yy < y0 + kh; ++yy)
@@ -156,7 +187,7 @@ cydnnStatus_t with_channel_sums(cydnnContext *ctx, float *dbias, int channels, i
     launch(partial);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && scratch != nullptr) {
-        bias_sum_kernel<<<(channels + kReduceThreads - 1) / kReduceThreads, kReduceThreads, 0, ctx->stream>>>(
+        bias_sum_kernel<<<(channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream>>>(
             partial, dbias, channels, chunks);
         e = cudaGetLastError();
     }
@@ -240,14 +271,17 @@ cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeom
     const size_t per_block = kChunk / ((size_t)g->kh * g->kw) > 0 ? kChunk / ((size_t)g->kh * g->kw) : 1;
     const int chunks = (int)((windows + per_block - 1) / per_block);
     const dim3 grid((unsigned)chunks, (unsigned)g->c);
+    // 2x2 windows as float2: every row starts 8-byte aligned when the pointers are (w is even)
+    const int vec2 = g->kh == 2 && g->kw == 2 && reinterpret_cast<uintptr_t>(y) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(dx) % 8 == 0;
     return with_channel_sums(ctx, dbias, g->c, chunks, op, "launch of max_pool_act_backward_kernel / bias_sum_kernel",
                              [&](float *partial) {
         if (fits_32((size_t)g->n * g->c * g->h * g->w))
             max_pool_act_backward_kernel<unsigned><<<grid, kReduceThreads, 0, ctx->stream>>>(
                 y, dy, dx, partial, (unsigned)g->c, oh, ow, g->kh, g->kw, (unsigned)windows, (unsigned)per_block,
-                chunks, act, slope);
+                chunks, act, slope, vec2);
         else
             max_pool_act_backward_kernel<size_t><<<grid, kReduceThreads, 0, ctx->stream>>>(
-                y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope);
+                y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope, vec2);
     });
 }

@@ -1,5 +1,5 @@
 // conv_wgrad.cu -- a convolution's filter gradient as a GEMM on the CUDA cores (fp32), the long reduction split
-// over many blocks whose partial sums a second kernel adds in split order (the same bits every run).
+// over many blocks whose partial sums a second kernel adds in a fixed order (the same bits every run).
 //
 //   dw[o, r] = sum_m dy[m, o] A[m, r],   m = (image, output pixel): n * oh * ow of them,
 //                                        r = (input channel, kernel row, kernel column): c * kh * kw,
@@ -133,12 +133,27 @@ wgrad_kernel(const WgradArgs a) {
     }
 }
 
-// The splits' partial sums added in split order: dw[i] = sum_z partial[z * size + i].
-__global__ void wgrad_split_sum(const float *partial, int splits, float *dw, int size) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < size; i += gridDim.x * blockDim.x) {
-        float v = 0.0f;
-        for (int z = 0; z < splits; ++z) v += partial[(long)z * size + i];
-        dw[i] = v;
+// The splits' partial sums added in a fixed order: dw[i] = sum_z partial[z * size + i].  A block takes 32
+// consecutive outputs (threadIdx.x) and kSumGroups groups of splits (threadIdx.y): group g adds splits g, g + G, ...
+// in order, then lane x adds the groups' sums in order.  A thread per output adding every split one after the
+// other (session 29's kernel) kept a first layer's 400-648 outputs on 2-3 blocks for 512 dependent loads each.
+constexpr int kSumGroups = 16;
+__global__ void __launch_bounds__(32 * kSumGroups) wgrad_split_sum(const float *partial, int splits, float *dw,
+                                                                   int size) {
+    __shared__ float sums[kSumGroups][33];
+    const int i = blockIdx.x * 32 + threadIdx.x;
+    float v = 0.0f;
+    if (i < size) {
+#pragma unroll 4
+        for (int z = threadIdx.y; z < splits; z += kSumGroups) v += partial[(long)z * size + i];
+    }
+    sums[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < size) {
+        float total = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kSumGroups; ++g) total += sums[g][threadIdx.x];
+        dw[i] = total;
     }
 }
 
@@ -199,7 +214,7 @@ cydnnStatus_t conv_wgrad(cydnnContext *ctx, const cydnnConvGeometry *g, const fl
     t.kernel<<<grid, (t.bo / 4) * (t.br / 4), 0, stream>>>(a);
     CYDNN_LAUNCH_CHECK(op, "wgrad_kernel");
     if (used > 1) {
-        wgrad_split_sum<<<cydnn::blocks_for((size_t)size), cydnn::kThreads, 0, stream>>>(a.out, used, dw, size);
+        wgrad_split_sum<<<(unsigned)((size + 31) / 32), dim3(32, kSumGroups), 0, stream>>>(a.out, used, dw, size);
         CYDNN_LAUNCH_CHECK(op, "wgrad_split_sum");
     }
     return CYDNN_STATUS_SUCCESS;

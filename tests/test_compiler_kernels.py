@@ -66,7 +66,7 @@ def test_the_activation_backward_names_the_bias_sum_only_when_a_channel_spans_se
     assert lower._act_backward_kernels((64, 6, 24, 24), False) == ("act_backward_kernel",)
     assert lower._act_backward_kernels((2, 16, 8, 8), False) == ("act_backward_kernel",)
     assert lower._act_backward_kernels((2, 16, 8, 8), True) == ("act_backward_partial_kernel",)     # 128 values a channel
-    # 64 * 24 * 24 = 36,864 values a channel: five blocks of 8,192, their partial sums added by a second kernel
+    # 64 * 24 * 24 = 36,864 values a channel: 36 blocks of 1,024, their partial sums added by a second kernel
     assert lower._act_backward_kernels((64, 6, 24, 24), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
     n = lower.ACT_BACKWARD_CHUNK                    # exactly one block's worth: still one kernel
     assert lower._act_backward_kernels((n, 3), True) == ("act_backward_partial_kernel",)

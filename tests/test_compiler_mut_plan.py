@@ -158,12 +158,12 @@ def test_folded_conv_without_bias_and_a_trained_linear_batch_norm_without_activa
 
 def test_the_bias_reduction_and_batch_norm_kernels_at_their_block_boundaries():
     chunk = lower.ACT_BACKWARD_CHUNK
-    assert chunk == 8192 and lower.BN_IN_BLOCK_CHANNELS == 4096
-    assert lower._act_backward_kernels((2, 4, 64, 64), True) == ("act_backward_partial_kernel",)       # 8192 each
-    assert lower._act_backward_kernels((2, 4, 64, 65), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
-    assert lower._act_backward_kernels((8193, 3), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
-    assert lower._act_backward_kernels((8192, 3), True) == ("act_backward_partial_kernel",)
-    assert lower._act_backward_kernels((2, 4, 64, 65), False) == ("act_backward_kernel",)
+    assert chunk == 1024 and lower.BN_IN_BLOCK_CHANNELS == 4096
+    assert lower._act_backward_kernels((2, 4, 16, 32), True) == ("act_backward_partial_kernel",)       # 1024 each
+    assert lower._act_backward_kernels((2, 4, 16, 33), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
+    assert lower._act_backward_kernels((1025, 3), True) == ("act_backward_partial_kernel", "bias_sum_kernel")
+    assert lower._act_backward_kernels((1024, 3), True) == ("act_backward_partial_kernel",)
+    assert lower._act_backward_kernels((2, 4, 16, 33), False) == ("act_backward_kernel",)
     assert lower._bn_kernels(4096) == ("bn_stats_partial_kernel", "bn_apply_kernel")
     assert lower._bn_kernels(4097) == ("bn_stats_partial_kernel", "bn_stats_finalize_kernel", "bn_apply_kernel")
     assert lower._bn_kernels(4096, backward=True) == ("bn_grad_partial_kernel", "bn_dx_kernel")

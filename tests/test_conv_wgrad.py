@@ -99,7 +99,7 @@ def test_every_tile_gives_the_filter_gradient(shape):
 
 @gpu
 def test_the_same_bits_every_run():
-    """The splits' partial sums are added in split order by the second kernel: eager and replayed agree bit for bit."""
+    """The splits' partial sums are added in a fixed order by the second kernel: eager and replayed agree bit for bit."""
     x, w, dy, stride, padding = _data(SHAPES[1])
     gx, gw, gdy = ops.cuda.asarray(x), ops.cuda.asarray(w), ops.cuda.asarray(dy)
     for tile in _tiles():

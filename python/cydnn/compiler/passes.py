@@ -33,7 +33,7 @@ FUSE_AFTER = ("conv2d", "linear")
 ALIGN = 256
 
 #: values of one channel a block of the activation-backward kernels reduces (cpp/compiled_act.cu's kChunk)
-ACT_BACKWARD_CHUNK = 8192
+ACT_BACKWARD_CHUNK = 1024
 
 
 def fuse(nodes, enabled=True, log=None, training=True):

@@ -222,6 +222,10 @@ cydnnStatus_t cydnn_max_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry 
                                      const float *x, float *y);
 cydnnStatus_t cydnn_max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g,
                                       const float *x, const float *dy, float *dx);
+/* Max pooling whose windows tile x (kernel == stride, no padding, h % kh == 0, w % kw == 0) by a custom
+ * kernel: each window's maximum, NaN never taken (a window of -inf / NaN only gives -inf), as the CPU twin. */
+cydnnStatus_t cydnn_max_pool_tiled_forward(cydnnContext *ctx, const cydnnPoolGeometry *g,
+                                           const float *x, float *y);
 cydnnStatus_t cydnn_avg_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g,
                                      const float *x, float *y);
 cydnnStatus_t cydnn_avg_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g,

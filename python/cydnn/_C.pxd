@@ -95,6 +95,7 @@ cdef extern from "cydnn.h" nogil:
         int stride_h, stride_w
         int pad_h, pad_w
     cydnnStatus_t cydnn_max_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x, float *y)
+    cydnnStatus_t cydnn_max_pool_tiled_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x, float *y)
     cydnnStatus_t cydnn_max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x,
                                           const float *dy, float *dx)
     cydnnStatus_t cydnn_avg_pool_forward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *x, float *y)

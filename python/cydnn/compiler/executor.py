@@ -23,8 +23,9 @@ import numpy as np
 from .. import _C
 from ..errors import CydnnError
 from .ir import ARENA_ROLES
-from .lower import (CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, GEMM, conv_igemm_kernel, conv_igemm_name,
-                    conv_wgrad_kernel, conv_wgrad_name, skinny_gemm_kernel, skinny_gemm_name)
+from .lower import (CONV_BIAS_ACT, CONV_DIRECT, CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER, GEMM, MAX_POOL_TILED,
+                    conv_igemm_kernel, conv_igemm_name, conv_wgrad_kernel, conv_wgrad_name, skinny_gemm_kernel,
+                    skinny_gemm_name)
 
 __all__ = ["Bound", "DISPATCH"]
 
@@ -261,7 +262,9 @@ DISPATCH = {
     "bias_act_forward": lambda b, s: (_C.bias_act_forward, (
         b[s.reads[0]], b[s.reads[1]] if len(s.reads) > 1 else None, b[s.writes[0]],
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),
-    "max_pool_forward": lambda b, s: (_C.max_pool_forward, (b[s.reads[0]], b[s.writes[0]]) + _pool_args(s)),
+    "max_pool_forward": lambda b, s: ((_C.max_pool_tiled_forward, (b[s.reads[0]], b[s.writes[0]], s.args["kernel"]))
+                                      if s.kernels == (MAX_POOL_TILED,) else
+                                      (_C.max_pool_forward, (b[s.reads[0]], b[s.writes[0]]) + _pool_args(s))),
     "avg_pool_forward": lambda b, s: (_C.avg_pool_forward, (b[s.reads[0]], b[s.writes[0]]) + _pool_args(s)),
     "dropout_step": _dropout,
     "softmax": lambda b, s: (_C.softmax_forward, (b[s.reads[0]], b[s.writes[0]], False)),

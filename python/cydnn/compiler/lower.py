@@ -12,7 +12,7 @@ kernels in cpp/compiled.cu), listed with the kernels it launches.
 import math
 
 from .ir import Plan
-from .passes import ACT_BACKWARD_CHUNK, ACTIVATIONS
+from .passes import ACT_BACKWARD_CHUNK, ACTIVATIONS, pool_tiles
 from .trace import slope as _slope
 
 __all__ = ["lower_inference", "lower_training", "param_names"]
@@ -86,6 +86,11 @@ def _bn_kernels(channels, backward=False):
     kind = "grad" if backward else "stats"
     wide = (f"bn_{kind}_finalize_kernel",) if channels > BN_IN_BLOCK_CHANNELS else ()
     return (f"bn_{kind}_partial_kernel",) + wide + ("bn_dx_kernel" if backward else "bn_apply_kernel",)
+
+
+#: a max pooling whose windows tile its input: cpp/pool.cu's kernel (cuDNN's took 4.3-5.8 us a layer in the CNN's
+#: step at batch 64; the executor binds the step to _C.max_pool_tiled_forward by this name)
+MAX_POOL_TILED = "max_pool_tiled_kernel"
 
 
 def _act_backward_kernels(shape, bias):
@@ -176,7 +181,9 @@ def _forward(plan, i, group, src, dst, training):
         plan.add("bias_act_forward", f"{name} {op}", (src,), (dst,), ("bias_act_forward_kernel",), act=a, slope=s)
     elif op in ("max_pool", "avg_pool", "global_avg_pool"):
         kind = "max_pool" if op == "max_pool" else "avg_pool"
-        plan.add(kind + "_forward", f"{name} {op}", (src,), (dst,), ("cudnnPoolingForward",), **node.attrs)
+        tiled = op == "max_pool" and pool_tiles(node.in_shape, node.attrs)
+        plan.add(kind + "_forward", f"{name} {op}", (src,), (dst,),
+                 (MAX_POOL_TILED if tiled else "cudnnPoolingForward",), **node.attrs)
     elif op == "batch_norm":
         stats = (f"{name}.weight", f"{name}.bias", f"{name}.running_mean", f"{name}.running_var")
         if training:            # compiled_norm.cu: the batch's statistics, then normalisation + activation

@@ -61,13 +61,16 @@ def fuse(nodes, enabled=True, log=None, training=True):
     return groups
 
 
+def pool_tiles(shape, attrs):
+    """Whether a pooling's windows tile its (n, c, h, w) input: kernel == stride, no padding, the plane a whole
+    number of windows (each input in exactly one window)."""
+    (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["padding"]
+    return (kh, kw) == (sh, sw) and (ph, pw) == (0, 0) and shape[2] % kh == 0 and shape[3] % kw == 0
+
+
 def _tiles(plan, step):
-    """Whether a max_pool_backward step's windows tile its input: kernel == stride, no padding, the plane a
-    whole number of windows (each input in exactly one window)."""
-    a = step.args
-    _, _, h, w = plan.buffers[step.reads[0]].shape
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    return (kh, kw) == (sh, sw) and (ph, pw) == (0, 0) and h % kh == 0 and w % kw == 0
+    """Whether a max_pool_backward step's windows tile its input."""
+    return pool_tiles(plan.buffers[step.reads[0]].shape, step.args)
 
 
 def fuse_backward(plan, enabled=True):

@@ -1,11 +1,13 @@
-"""The backward of a max pooling whose windows tile its input, fused with the activation (and bias gradient) before
-it (cpp/compiled_act.cu, passes.fuse_backward): the bits of the two passes it replaces, on ordinary data and on
-windows of NaN, infinities and ties; its refusals; where the pass fuses it."""
+"""Max pooling whose windows tile its input (kernel == stride, no padding), as the compiler's plans run it.
+The forward (cpp/pool.cu's max_pool_tiled_kernel): cuDNN's values and the CPU twin's on ordinary data, the twin's
+on windows of NaN and infinities; its refusals; where lowering takes it.  The backward fused with the activation
+(and bias gradient) before it (cpp/compiled_act.cu, passes.fuse_backward): the bits of the two passes it replaces,
+on ordinary data and on windows of NaN, infinities and ties; its refusals; where the pass fuses it."""
 import numpy as np
 import pytest
 
 import cydnn
-from cydnn import nn
+from cydnn import nn, ops
 from cydnn.compiler.compiled import _build_plan
 
 gpu = pytest.mark.gpu
@@ -101,3 +103,62 @@ def test_max_pool_act_backward_on_nan_infinities_ties_and_signed_zeros(act):
     ref, got = g_ref.numpy(), g.numpy()
     assert np.array_equal(ref.view(np.uint32), got.view(np.uint32)), np.argwhere(ref.view(np.uint32) !=
                                                                                   got.view(np.uint32))[:5]
+
+
+@gpu
+@pytest.mark.parametrize("shape, kernel", [((64, 24, 32, 32), (2, 2)), ((3, 5, 6, 9), (2, 3)), ((2, 4, 8, 8), (4, 4)),
+                                           ((2, 3, 6, 6), (3, 3)), ((5, 7, 2, 2), (2, 2))])
+def test_the_tiled_max_pool_forward_is_cudnns_and_the_twins(shape, kernel):
+    """Random data: cuDNN's pooling (the per-op path) and the CPU twin give the same values bit for bit."""
+    from cydnn import _C
+    x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+    out = (shape[0], shape[1], shape[2] // kernel[0], shape[3] // kernel[1])
+    xd, y, y_ref = cydnn.to_device(x), _C.empty(out), _C.empty(out)
+    _C.max_pool_tiled_forward(xd, y, kernel)
+    _C.max_pool_forward(xd, y_ref, kernel, kernel, (0, 0))
+    np.testing.assert_array_equal(y.numpy(), y_ref.numpy())
+    np.testing.assert_array_equal(y.numpy(), ops.cpu.max_pool_forward(x, kernel, kernel)[0])
+
+
+@gpu
+@pytest.mark.parametrize("kernel", [(2, 2), (1, 2)])
+def test_the_tiled_max_pool_forward_on_nan_and_infinities_is_the_twins(kernel):
+    """NaN never wins, a window of -inf / NaN only gives -inf, +inf wins: the CPU twin's rule, bit for bit."""
+    from cydnn import _C
+    nan, inf = np.nan, np.inf
+    windows = [[1, nan, 2, 0], [nan, nan, nan, nan], [-inf, -inf, -inf, -inf], [nan, -inf, nan, -inf],
+               [inf, nan, 1, 2], [-0.0, 0.0, -0.0, -1], [nan, 3, nan, nan], [5, 5, 5, 5]]
+    wins = np.array(windows * 3, np.float32).reshape(2, 3, 2, 2, 2, 2)       # (n, c, oy, ox, ky, kx)
+    x = np.ascontiguousarray(wins.transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 4, 4))
+    out = (2, 3, 4 // kernel[0], 4 // kernel[1])
+    y = _C.empty(out)
+    _C.max_pool_tiled_forward(cydnn.to_device(x), y, kernel)
+    ref = ops.cpu.max_pool_forward(x, kernel, kernel)[0]
+    assert np.array_equal(y.numpy().view(np.uint32), ref.view(np.uint32))
+
+
+@gpu
+def test_the_tiled_max_pool_forward_refuses_what_it_cannot_compute():
+    from cydnn import _C
+    x = _C.empty((2, 3, 6, 6))
+    with pytest.raises(ValueError, match=r"max_pool_tiled_forward: kernel \(4, 4\) must tile x's plane \(6, 6\)"):
+        _C.max_pool_tiled_forward(x, _C.empty((2, 3, 1, 1)), (4, 4))
+    with pytest.raises(ValueError, match=r"max_pool_tiled_forward: y must have shape \(2, 3, 3, 3\)"):
+        _C.max_pool_tiled_forward(x, _C.empty((2, 3, 3, 2)), (2, 2))
+    with pytest.raises(ValueError, match=r"max_pool_tiled_forward: x must be \(n, c, h, w\)"):
+        _C.max_pool_tiled_forward(_C.empty((6, 6)), _C.empty((3, 3)), (2, 2))
+
+
+def test_lowering_takes_the_tiled_kernel_only_for_pools_whose_windows_tile_their_input():
+    """CPU: a 2x2/2 pooling of an even plane runs max_pool_tiled_kernel, in training and in inference; an
+    overlapping one, a padded one and one that leaves a row out keep cuDNN's pooling."""
+    def pools(pool, shape, out, training=True):
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), pool, nn.Flatten(), nn.Linear(4 * out * out, 10))
+        plan = _build_plan(model, shape, 4, training, {})[0]
+        return [s.kernels for s in plan.steps if s.kind == "max_pool_forward"]
+    tiled = ("max_pool_tiled_kernel",)
+    assert pools(nn.MaxPool2d(2), (3, 8, 8), 4) == [tiled]
+    assert pools(nn.MaxPool2d(2), (3, 8, 8), 4, training=False) == [tiled]
+    assert pools(nn.MaxPool2d(3, stride=2), (3, 8, 8), 3) == [("cudnnPoolingForward",)]
+    assert pools(nn.MaxPool2d(2, padding=1), (3, 8, 8), 5) == [("cudnnPoolingForward",)]
+    assert pools(nn.MaxPool2d(2), (3, 7, 7), 3) == [("cudnnPoolingForward",)]

@@ -319,10 +319,6 @@ cydnnStatus_t cydnn_softmax_forward(cydnnContext *ctx, const float *x, float *y,
  * gradient NaN and is counted in *bad_labels (one device int32, may be NULL). */
 cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits, const int32_t *labels,
                                           int n, int c, float *loss, float *dlogits, int32_t *bad_labels);
-/* The same for n <= 2048 rows (one block), and dbias[j] = sum over rows of dlogits[:, j]: the bias gradient of
- * the layer that made the logits, in the same launch (the compiler's plans). */
-cydnnStatus_t cydnn_softmax_cross_entropy_bias(cydnnContext *ctx, const float *logits, const int32_t *labels,
-                                               int n, int c, float *loss, float *dlogits, float *dbias);
 
 /* -------------------------------------------------------------- optimizers */
 /* One fused kernel per parameter tensor, in place.

@@ -8,9 +8,7 @@
 //
 // The cross-entropy is two kernels: one warp per row computes the row's loss
 // and gradient; then one block averages the per-row losses with a fixed
-// reduction tree (deterministic: no atomics on the loss).  A batch of at most
-// 2,048 rows takes one block for both, with the same bits (and, for the
-// compiler, the last layer's bias gradient in the same launch).
+// reduction tree (deterministic: no atomics on the loss).
 #include <new>
 
 #include "common.cuh"
@@ -76,30 +74,6 @@ __device__ __forceinline__ float warp_sum(float v) {
 // rounded as the numpy twin's -((x - m) - log(s)).
 // A label outside [0, c) makes the row's loss and gradient NaN and adds 1 to
 // *bad_labels (if given).
-// One row by one warp: its gradient, and its loss (returned on every lane; NaN for a bad label).
-__device__ __forceinline__ float cross_entropy_row(const float *x, float *dx, int label, int c, int lane,
-                                                   float n_float, int32_t *bad_labels) {
-    if (label < 0 || label >= c) {
-        for (int j = lane; j < c; j += kWarp) dx[j] = NAN;
-        if (lane == 0 && bad_labels != nullptr) atomicAdd(bad_labels, 1);
-        return NAN;
-    }
-
-    float m = -INFINITY;
-    for (int j = lane; j < c; j += kWarp) m = fmaxf(m, x[j]);
-    m = warp_max(m);
-
-    float s = 0.0f;
-    for (int j = lane; j < c; j += kWarp) s += expf(x[j] - m);
-    s = warp_sum(s);
-
-    for (int j = lane; j < c; j += kWarp) {
-        const float p = expf(x[j] - m) / s;
-        dx[j] = (p - (j == label ? 1.0f : 0.0f)) / n_float;
-    }
-    return logf(s) - (x[label] - m);
-}
-
 __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *labels, int n,
                                           int c, float *row_loss, float *dlogits,
                                           int32_t *bad_labels) {
@@ -109,9 +83,32 @@ __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *la
     const float n_float = (float)n;  // the divisor of the gradient
 
     for (size_t row = first_row; row < (size_t)n; row += row_stride) {
-        const float loss = cross_entropy_row(logits + row * c, dlogits + row * c, labels[row], c, lane, n_float,
-                                             bad_labels);
-        if (lane == 0) row_loss[row] = loss;
+        const float *x = logits + row * c;
+        float *dx = dlogits + row * c;
+        const int label = labels[row];
+
+        if (label < 0 || label >= c) {
+            for (int j = lane; j < c; j += kWarp) dx[j] = NAN;
+            if (lane == 0) {
+                row_loss[row] = NAN;
+                if (bad_labels != nullptr) atomicAdd(bad_labels, 1);
+            }
+            continue;
+        }
+
+        float m = -INFINITY;
+        for (int j = lane; j < c; j += kWarp) m = fmaxf(m, x[j]);
+        m = warp_max(m);
+
+        float s = 0.0f;
+        for (int j = lane; j < c; j += kWarp) s += expf(x[j] - m);
+        s = warp_sum(s);
+
+        for (int j = lane; j < c; j += kWarp) {
+            const float p = expf(x[j] - m) / s;
+            dx[j] = (p - (j == label ? 1.0f : 0.0f)) / n_float;
+        }
+        if (lane == 0) row_loss[row] = logf(s) - (x[label] - m);
     }
 }
 
@@ -135,56 +132,10 @@ __global__ void mean_kernel(const float *row_loss, int n, float *loss) {
     if (t == 0) *loss = partial[0] / (float)n;
 }
 
-// Small batches (n <= kBlockRows): kernels 1 and 2 in one block, the row losses in shared memory and their mean
-// added in mean_kernel's order (the same bits as the two launches); with dbias, also the bias gradient of the layer
-// that made the logits, dbias[j] = sum over rows of dlogits[:, j] in row order (the compiler's plans: a kernel and
-// a launch fewer for the loss, and one fewer for the last layer's bias; passes.fuse_backward).
-constexpr int kBlockRows = 2048;
-constexpr int kBlockThreads = 1024;
-static_assert(kBlockThreads >= kReduceThreads, "the mean's threads");
-
-__global__ void __launch_bounds__(kBlockThreads)
-cross_entropy_block_kernel(const float *logits, const int32_t *labels, int n, int c, float *loss, float *dlogits,
-                           int32_t *bad_labels, float *dbias) {
-    __shared__ float row_loss[kBlockRows];
-    __shared__ float partial[kReduceThreads];
-    const int t = threadIdx.x, lane = t % kWarp, warps = blockDim.x / kWarp;
-    const float n_float = (float)n;
-    for (int row = t / kWarp; row < n; row += warps) {
-        const float l = cross_entropy_row(logits + (size_t)row * c, dlogits + (size_t)row * c, labels[row], c, lane,
-                                          n_float, bad_labels);
-        if (lane == 0) row_loss[row] = l;
-    }
-    __syncthreads();                      // the row losses, and dlogits for the bias sums (the block's own writes)
-    if (t < kReduceThreads) {
-        float sum = 0.0f;
-        for (int i = t; i < n; i += kReduceThreads) sum += row_loss[i];
-        partial[t] = sum;
-    }
-    __syncthreads();
-    for (int half = kReduceThreads / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] += partial[t + half];
-        __syncthreads();
-    }
-    if (t == 0) *loss = partial[0] / n_float;
-    if (dbias != nullptr)
-        for (int j = t; j < c; j += blockDim.x) {
-            float sum = 0.0f;
-            for (int r = 0; r < n; ++r) sum += dlogits[(size_t)r * c + j];
-            dbias[j] = sum;
-        }
-}
-
-// The launches: one block for a small batch, else the two kernels on a temporary row_loss buffer the caller owns.
+// The two launches, on a temporary row_loss buffer the caller owns.
 cydnnStatus_t launch_cross_entropy(cydnnContext *ctx, const float *logits,
                                    const int32_t *labels, int n, int c, float *row_loss,
                                    float *loss, float *dlogits, int32_t *bad_labels) {
-    if (n <= kBlockRows) {
-        cross_entropy_block_kernel<<<1, kBlockThreads, 0, ctx->stream>>>(logits, labels, n, c, loss, dlogits,
-                                                                         bad_labels, nullptr);
-        CYDNN_LAUNCH_CHECK("softmax_cross_entropy", "cross_entropy_block_kernel");
-        return CYDNN_STATUS_SUCCESS;
-    }
     const int rows_per_block = cydnn::kThreads / kWarp;
     cross_entropy_rows_kernel<<<cydnn::blocks_for((size_t)n, rows_per_block), cydnn::kThreads,
                                 0, ctx->stream>>>(logits, labels, n, c, row_loss, dlogits,
@@ -202,8 +153,6 @@ cydnnStatus_t softmax_cross_entropy(cydnnContext *ctx, const float *logits,
     if (bad_labels != nullptr)
         CYDNN_CUDA(op, cudaMemsetAsync(bad_labels, 0, sizeof(int32_t), ctx->stream));
 
-    if (n <= kBlockRows)  // one block: the row losses live in its shared memory
-        return launch_cross_entropy(ctx, logits, labels, n, c, nullptr, loss, dlogits, bad_labels);
     float *row_loss = nullptr;
     CYDNN_TRY(cydnn::pool_alloc(ctx, (size_t)n * sizeof(float), (void **)&row_loss));
     const cydnnStatus_t launched =
@@ -250,18 +199,4 @@ cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits
     } catch (const std::bad_alloc &) {
         return host_out_of_memory("softmax_cross_entropy");
     }
-}
-
-cydnnStatus_t cydnn_softmax_cross_entropy_bias(cydnnContext *ctx, const float *logits, const int32_t *labels,
-                                               int n, int c, float *loss, float *dlogits, float *dbias) {
-    const char *op = "softmax_cross_entropy_bias";
-    CYDNN_REQUIRE_CTX(op, ctx);
-    CYDNN_REQUIRE(op, logits != nullptr && labels != nullptr && loss != nullptr && dlogits != nullptr &&
-                  dbias != nullptr, "a pointer is NULL");
-    CYDNN_REQUIRE(op, n >= 1 && c >= 1, "sizes must be >= 1 (n=%d, c=%d)", n, c);
-    CYDNN_REQUIRE(op, n <= kBlockRows, "one block takes at most %d rows, got %d", kBlockRows, n);
-    cross_entropy_block_kernel<<<1, kBlockThreads, 0, ctx->stream>>>(logits, labels, n, c, loss, dlogits, nullptr,
-                                                                     dbias);
-    CYDNN_LAUNCH_CHECK(op, "cross_entropy_block_kernel");
-    return CYDNN_STATUS_SUCCESS;
 }

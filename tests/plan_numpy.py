@@ -119,8 +119,6 @@ class NumpyPlan:
         loss, dlogits = cpu.softmax_cross_entropy(b[s.reads[0]], b[s.reads[1]])
         b[s.writes[0]][...] = loss
         b[s.writes[1]][...] = dlogits
-        if s.args.get("dbias"):                      # fused with the last layer's bias gradient
-            b[s.args["dbias"]][...] = dlogits.sum(axis=0)
 
     def _bias_act_backward(self, s, b, lr):
         y, dy = b[s.reads[0]], b[s.reads[1]]

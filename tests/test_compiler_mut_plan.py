@@ -56,8 +56,8 @@ def test_training_steps_of_a_small_network():
          ("a3", "bnmean3", "bnistd3", "5.running_mean", "5.running_var"), bn),
         ("linear_forward", "8 forward", ("a4", "8.weight"), ("a5",), ("cublasLtMatmul",)),
         ("linear_forward", "9 forward + bias", ("a5", "9.weight", "9.bias"), ("a6",), ("cublasLtMatmul",)),
-        ("softmax_cross_entropy", "loss + 9 bias backward", ("a6", "labels"), ("loss", "g6", "d:9.bias"),
-         ("cross_entropy_block_kernel",)),
+        ("softmax_cross_entropy", "loss", ("a6", "labels"), ("loss", "g6"), ("cross_entropy_rows_kernel", "mean_kernel")),
+        ("bias_act_backward", "9 bias backward", ("a6", "g6"), ("d:9.bias",), ("act_backward_partial_kernel",)),
         ("linear_backward", "9 backward", ("a5", "9.weight", "g6"), ("g5", "d:9.weight"), ("cublasLtMatmul",) * 2),
         ("linear_backward", "8 backward", ("a4", "8.weight", "g5"), ("g4", "d:8.weight"), ("cublasLtMatmul",) * 2),
         ("bn_act_backward", "5 sigmoid + batch_norm backward", ("a2", "a3", "g3", "5.weight", "bnmean3", "bnistd3"),
@@ -77,15 +77,14 @@ def test_training_steps_of_a_small_network():
     assert args[2] == dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
     assert args[3] == dict(saved=("bnmean3", "bnistd3"), act=3, slope=0.0, eps=1e-5, momentum=pytest.approx(0.1))
     assert args[4] == dict(bias=None, act=0) and args[5] == dict(bias="9.bias", act=0)   # the bias: Lt's epilogue
-    # the loss and the last layer's bias gradient: one kernel (passes.fuse_backward; a batch of 2 rows)
-    assert args[6] == dict(dbias="d:9.bias")
-    assert args[7] == dict(dx="g5", dw="d:9.weight")
-    assert args[9] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
-                           grads=("d:5.weight", "d:5.bias"), saved=("bnmean3", "bnistd3"))
+    assert args[7] == dict(act=0, slope=0.0, dx=None, dbias="d:9.bias")
+    assert args[8] == dict(dx="g5", dw="d:9.weight")
+    assert args[10] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
+                            grads=("d:5.weight", "d:5.bias"), saved=("bnmean3", "bnistd3"))
     # the pooling's backward and the leaky ReLU's before it: one kernel (passes.fuse_backward; 4x4 planes, 2x2)
-    assert args[10] == dict(kernel=(2, 2), act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
-    assert args[11] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
-    assert args[13] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
+    assert args[11] == dict(kernel=(2, 2), act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
+    assert args[12] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
+    assert args[14] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
     b = plan.buffers
     assert (b["x"].shape, b["x"].role) == ((2, 1, 6, 6), "input")
     assert (b["labels"].shape, b["labels"].dtype, b["labels"].role) == ((2,), "int32", "label")

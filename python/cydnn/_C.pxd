@@ -149,7 +149,6 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_softmax_forward(cydnnContext *ctx, const float *x, float *y, int n, int c, int log)
     cydnnStatus_t cydnn_softmax_cross_entropy(cydnnContext *ctx, const float *logits, const int32_t *labels,
                                               int n, int c, float *loss, float *dlogits, int32_t *bad_labels)
-    cydnnStatus_t cydnn_softmax_cross_entropy_bias(cydnnContext *ctx, const float *logits, const int32_t *labels, int n, int c, float *loss, float *dlogits, float *dbias)
 
     cydnnStatus_t cydnn_sgd_update(cydnnContext *ctx, float *param, const float *grad, float *momentum_buf,
                                    size_t count, float lr, float momentum, float dampening, float weight_decay,

@@ -223,21 +223,6 @@ def softmax_cross_entropy(DeviceArray logits not None, DeviceArray labels, Devic
           "softmax_cross_entropy")
 
 
-def softmax_cross_entropy_bias(DeviceArray logits not None, DeviceArray labels not None, DeviceArray loss not None,
-                               DeviceArray dlogits not None, DeviceArray dbias not None):
-    """softmax_cross_entropy in one block (at most 2,048 rows) and dbias = dlogits summed over the rows, the bias
-    gradient of the layer that made the logits (cydnn_softmax_cross_entropy_bias)."""
-    op = "softmax_cross_entropy_bias"
-    if len(logits.shape) != 2 or tuple(dlogits.shape) != tuple(logits.shape):
-        raise ValueError(f"{op}: logits and dlogits must be one (n, c) shape, got {logits.shape} and {dlogits.shape}")
-    if tuple(labels.shape) != (logits.shape[0],) or loss.size != 1 or tuple(dbias.shape) != (logits.shape[1],):
-        raise ValueError(f"{op}: labels must be ({logits.shape[0]},), loss one value and dbias ({logits.shape[1]},) "
-                         f"for logits {logits.shape}; got {labels.shape}, {loss.shape}, {dbias.shape}")
-    check(cydnn_softmax_cross_entropy_bias(ctx(), f32(logits, "logits"), i32(labels, "labels"), logits.shape[0],
-                                           logits.shape[1], f32(loss, "loss"), f32(dlogits, "dlogits"),
-                                           f32(dbias, "dbias")), op)
-
-
 # ---------------------------------------------------------------- optimizers
 def sgd_update(DeviceArray param not None, DeviceArray grad not None, DeviceArray momentum_buf, float lr, float momentum,
                float dampening, float weight_decay, bint nesterov, bint first_step):

@@ -268,12 +268,8 @@ DISPATCH = {
     "avg_pool_forward": lambda b, s: (_C.avg_pool_forward, (b[s.reads[0]], b[s.writes[0]]) + _pool_args(s)),
     "dropout_step": _dropout,
     "softmax": lambda b, s: (_C.softmax_forward, (b[s.reads[0]], b[s.writes[0]], False)),
-    "softmax_cross_entropy": lambda b, s: ((_C.softmax_cross_entropy_bias, (b[s.reads[0]], b[s.reads[1]],
-                                                                           b[s.writes[0]], b[s.writes[1]],
-                                                                           b[s.args["dbias"]]))
-                                           if s.args.get("dbias") else
-                                           (_C.softmax_cross_entropy, (b[s.reads[0]], b[s.reads[1]],
-                                                                       b[s.writes[0]], b[s.writes[1]], None))),
+    "softmax_cross_entropy": lambda b, s: (_C.softmax_cross_entropy, (b[s.reads[0]], b[s.reads[1]],
+                                                                      b[s.writes[0]], b[s.writes[1]], None)),
     "bias_act_backward": lambda b, s: (_C.bias_act_backward, (
         b[s.reads[0]], b[s.reads[1]], b.get(s.args["dx"]), b.get(s.args["dbias"]),
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),

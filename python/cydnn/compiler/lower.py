@@ -12,7 +12,7 @@ kernels in cpp/compiled.cu), listed with the kernels it launches.
 import math
 
 from .ir import Plan
-from .passes import ACT_BACKWARD_CHUNK, ACTIVATIONS, LOSS_BLOCK_ROWS, pool_tiles
+from .passes import ACT_BACKWARD_CHUNK, ACTIVATIONS, pool_tiles
 from .trace import slope as _slope
 
 __all__ = ["lower_inference", "lower_training", "param_names"]
@@ -321,7 +321,7 @@ def lower_training(groups, nodes, batch, log=()):
     last = len(groups) - 1
     plan.buffer(f"g{last}", plan.buffers[logits].shape, role="grad")
     plan.add("softmax_cross_entropy", "loss", (logits, "labels"), ("loss", f"g{last}"),
-             ("cross_entropy_block_kernel",) if batch <= LOSS_BLOCK_ROWS else ("cross_entropy_rows_kernel", "mean_kernel"))
+             ("cross_entropy_rows_kernel", "mean_kernel"))
     for i in range(last, -1, -1):
         x, y = outs[i]
         first_needed = next((j for j in range(i) if param_names([groups[j]])), None)

@@ -12,8 +12,7 @@ Backward fusion over a training plan (:func:`fuse_backward`): a max pooling whos
 its input, back-propagated right before the activation (and bias) it follows, becomes ONE step
 (``max_pool_act_backward``, cpp/compiled_act.cu): a thread per window writes the window's
 gradient through the activation's derivative and adds it to the bias sums, where the two steps
-wrote the pooling's input gradient, read it back, and wrote it again.  The loss of a small batch and
-the last layer's bias gradient become one step (``cross_entropy_block_kernel``, cpp/loss.cu).
+wrote the pooling's input gradient, read it back, and wrote it again.
 
 Memory (:func:`plan_memory`): every arena buffer lives from the first step that touches
 it to the last; buffers whose lives do not overlap share bytes.  Placement is greedy,
@@ -23,7 +22,7 @@ reuse bug).
 """
 from .ir import ARENA_ROLES, Step
 
-__all__ = ["fuse", "fuse_backward", "plan_memory", "FUSE_AFTER", "ACTIVATIONS", "ACT_BACKWARD_CHUNK", "LOSS_BLOCK_ROWS"]
+__all__ = ["fuse", "fuse_backward", "plan_memory", "FUSE_AFTER", "ACTIVATIONS", "ACT_BACKWARD_CHUNK"]
 
 #: activation op -> the act code of cydnn_bias_act_* (cpp/cydnn.h)
 ACTIVATIONS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4}
@@ -35,9 +34,6 @@ ALIGN = 256
 
 #: values of one channel a block of the activation-backward kernels reduces (cpp/compiled_act.cu's kChunk)
 ACT_BACKWARD_CHUNK = 1024
-
-#: the largest batch whose softmax cross-entropy is one block (cpp/loss.cu's kBlockRows)
-LOSS_BLOCK_ROWS = 2048
 
 
 def fuse(nodes, enabled=True, log=None, training=True):
@@ -80,10 +76,7 @@ def _tiles(plan, step):
 def fuse_backward(plan, enabled=True):
     """Training: each ``max_pool_backward`` whose windows tile its input, followed by the ``bias_act_backward``
     of the layer whose output it pooled (reading that output and the pooling's input gradient, in place),
-    becomes one ``max_pool_act_backward`` step (the pooling's input gradient is then never written alone).
-    The loss of a batch of at most :data:`LOSS_BLOCK_ROWS` rows (one block), followed by the bias gradient of
-    the layer that made the logits (no activation between), becomes one ``softmax_cross_entropy`` step with
-    ``dbias``: the block adds the gradient's columns after writing them."""
+    becomes one ``max_pool_act_backward`` step (the pooling's input gradient is then never written alone)."""
     if not enabled:
         return plan
     steps, i = [], 0
@@ -104,15 +97,6 @@ def fuse_backward(plan, enabled=True):
                               dict(kernel=(kh, kw), act=nxt.args["act"], slope=nxt.args["slope"], dx=s.writes[0],
                                    dbias=dbias)))
             plan.log.append(f"fuse: {s.name} + {nxt.name} -> one kernel (max_pool_act_backward)")
-            i += 2
-            continue
-        if (s.kind == "softmax_cross_entropy" and s.kernels == ("cross_entropy_block_kernel",) and nxt is not None
-                and nxt.kind == "bias_act_backward" and nxt.reads == (s.reads[0], s.writes[1])
-                and nxt.args["act"] == 0 and nxt.args["dx"] is None and nxt.args["dbias"]):
-            dbias = nxt.args["dbias"]
-            steps.append(Step("softmax_cross_entropy", f"{s.name} + {nxt.name}", s.reads, s.writes + (dbias,),
-                              s.kernels, dict(s.args, dbias=dbias)))
-            plan.log.append(f"fuse: {s.name} + {nxt.name} -> one kernel (cross_entropy_block_kernel)")
             i += 2
             continue
         steps.append(s)

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,14 @@ def test_readme_train_command_parses(command):
     build_parser().parse_args(args)        # argparse exits (a test failure) on an unknown or bad option
 
 
+def _ignored(path):
+    """Whether git ignores ``path`` (a developer's local file that CI's clean clone will not have); False outside a
+    git checkout or without git."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        return False
+    return subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", path], stdin=subprocess.DEVNULL).returncode == 0
+
+
 def _inline_commands():
     for path in [README, *DOCS]:
         for span in INLINE.findall(path.read_text()):
@@ -163,6 +172,7 @@ def test_inline_command_names_what_exists(where, command):
             return
     elif words[0] != "cydnn-train":
         assert (ROOT / words[0]).is_file(), f"{where}: no file {words[0]} in `{command}`"
+        assert not _ignored(words[0]), f"{where}: {words[0]} in `{command}` is ignored by git: a clean clone lacks it"
         return
     from cydnn.train import build_parser
     known = build_parser()._option_string_actions          # values may be placeholders (`--seed S`)

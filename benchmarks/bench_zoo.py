@@ -137,13 +137,19 @@ def latencies(fn, calls=500, warmup=100):
     return r["p50_us"], r["p99_us"]
 
 
-def cydnn_train(name, batch, steps, repeats, compiled):
+def train_setup(name, batch):
+    """The network on the GPU, its SGD (momentum 0.9), one batch of device inputs and labels, the input shape."""
     model, shape = build(name)
     model.to("cuda")
     opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rng = np.random.default_rng(1)
     x = cydnn.to_device(rng.standard_normal((batch,) + shape).astype(np.float32))
     y = cydnn.to_device(rng.integers(0, 10, batch).astype(np.int32))
+    return model, opt, x, y, shape
+
+
+def cydnn_train(name, batch, steps, repeats, compiled):
+    model, opt, x, y, shape = train_setup(name, batch)
     if compiled:
         t0 = time.perf_counter()
         step_fn = cydnn.compile(model, opt, batch_size=batch, input_shape=shape)

@@ -5,19 +5,12 @@
 """
 import sys
 import time
-import numpy as np
 import cydnn
-from cydnn import optim
-from bench_zoo import build
+from bench_zoo import train_setup
 
 name, builds = sys.argv[1], int(sys.argv[2])
 for k in range(builds):
-    model, shape = build(name)
-    model.to("cuda")
-    opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rng = np.random.default_rng(1)
-    x = cydnn.to_device(rng.standard_normal((64,) + shape).astype(np.float32))
-    y = cydnn.to_device(rng.integers(0, 10, 64).astype(np.int32))
+    model, opt, x, y, shape = train_setup(name, 64)
     step = cydnn.compile(model, opt, batch_size=64, input_shape=shape)
     step(x, y)
     cydnn.cuda.synchronize()

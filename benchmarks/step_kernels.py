@@ -7,19 +7,12 @@ without ncu; the small kernels' durations carry over, the choices do not.
         python3 benchmarks/step_kernels.py cnn32_24_48_96
 """
 import sys
-import numpy as np
 import torch
 import cydnn
-from cydnn import optim
-from bench_zoo import build
+from bench_zoo import train_setup
 
 name = sys.argv[1]
-model, shape = build(name)
-model.to("cuda")
-opt = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-rng = np.random.default_rng(1)
-x = cydnn.to_device(rng.standard_normal((64,) + shape).astype(np.float32))
-y = cydnn.to_device(rng.integers(0, 10, 64).astype(np.int32))
+model, opt, x, y, shape = train_setup(name, 64)
 step = cydnn.compile(model, opt, batch_size=64, input_shape=shape)
 for _ in range(5):
     step(x, y)
@@ -28,4 +21,4 @@ torch.cuda.profiler.start()
 step(x, y)
 cydnn.cuda.synchronize()
 torch.cuda.profiler.stop()
-print("done", step.info().get("step_us") if hasattr(step, "info") else "")
+print("done")

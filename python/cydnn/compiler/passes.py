@@ -68,11 +68,6 @@ def pool_tiles(shape, attrs):
     return (kh, kw) == (sh, sw) and (ph, pw) == (0, 0) and shape[2] % kh == 0 and shape[3] % kw == 0
 
 
-def _tiles(plan, step):
-    """Whether a max_pool_backward step's windows tile its input."""
-    return pool_tiles(plan.buffers[step.reads[0]].shape, step.args)
-
-
 def fuse_backward(plan, enabled=True):
     """Training: each ``max_pool_backward`` whose windows tile its input, followed by the ``bias_act_backward``
     of the layer whose output it pooled (reading that output and the pooling's input gradient, in place),
@@ -85,7 +80,7 @@ def fuse_backward(plan, enabled=True):
         nxt = plan.steps[i + 1] if i + 1 < len(plan.steps) else None
         if (s.kind == "max_pool_backward" and nxt is not None and nxt.kind == "bias_act_backward"
                 and nxt.reads == (s.reads[0], s.writes[0]) and nxt.args["dx"] in (None, s.writes[0])
-                and _tiles(plan, s)):
+                and pool_tiles(plan.buffers[s.reads[0]].shape, s.args)):
             dbias = nxt.args["dbias"]
             shape = plan.buffers[s.reads[0]].shape
             kh, kw = s.args["kernel"]

@@ -7,7 +7,7 @@
 # op family from tests/test_ops_cuda.py), the fused LeNet-5 kernels (forward,
 # training step, graph capture and replay, the numpy predictor), the fused MLP,
 # the fused network (every layer kind, every cluster size), the implicit-GEMM convolution, the product with
-# few rows, the filter-gradient GEMM and fp16.
+# few rows, the filter-gradient GEMM (its split sums too), the tiled max pooling and its fused backward, and fp16.
 # A third run (skip it with SANITIZE_PROPERTIES=0) takes the GPU property tests of
 # tests/test_properties_layouts.py (conv, pooling, linear, softmax, activations on random odd
 # shapes, strides, paddings and memory layouts: where an out-of-bounds index would show; 3
@@ -71,7 +71,13 @@ or split_between_warps and (2048 or 1537) or $layers" >>"$log" 2>&1
   # and the filter gradient (conv_wgrad.cu: every tile, split sums, beside dx on the second stream).
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_gemm_skinny.py tests/test_conv_wgrad.py \
-      -k "every_tile and (3x37x131 or 17x5x9 or 2x16x14x14 or 1x4x9x11 or 5x70x4x4) or epilogue and 1]" >>"$log" 2>&1
+      -k "every_tile and (3x37x131 or 17x5x9 or 2x16x14x14 or 1x4x9x11 or 5x70x4x4) or epilogue and 1] \
+or same_bits" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
+  # Max pooling whose windows tile the input (pool.cu's tiled forward; compiled_act.cu's pooling + activation
+  # backward, its 2x2 float2 path and the general one): every shape, NaN/infinity/ties, the refusals.
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_max_pool_tiled.py >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

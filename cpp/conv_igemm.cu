@@ -9,7 +9,7 @@
 //   forward        A[m, r] = x[img, ci, oy*sh - ph + ky, ox*sw - pw + kx] (0 outside),  B[r, o] = w[o, r]
 //   data gradient  the same with x := dy, padding kh-1-ph, and the filters flipped and transposed:
 //                  B[(k, ky, kx), c] = w[k, c, kh-1-ky, kw-1-kx]   (stride 1: dx is then a plain convolution)
-// A block computes a BM x BN tile of out over chunks of BK (8 or 16) reductions, staged in shared memory (double-
+// A block computes a BM x BN tile of out over chunks of BK (8, 16 or 24) reductions, staged in shared memory (double-
 // buffered: the next chunk's global loads are in flight while this one is multiplied); a thread owns TM x TN
 // outputs.  Each reduction index's offsets (into A's image, its kernel row and column, into B) are
 // computed once per block into a table in shared memory, so the loads need no division.
@@ -242,6 +242,18 @@ const Tile kTiles[] = {
     tile<64, 64, 4, 4, 16, 4>(),
     tile<64, 32, 4, 4, 16, 4>(),
     tile<128, 32, 4, 4, 16, 4>(),
+    // split 8: a layer of 1,024 rows (all-conv's third, 64 x 4 x 4 pixels) makes 16-32 blocks a split
+    tile<64, 64, 4, 4, 16, 8>(),
+    tile<64, 32, 4, 4, 16, 8>(),
+    // 48 and 96 output channels a block (192 and 384 threads; chunks of 24, which their threads divide): the zoo
+    // CNN's 48- and 96-channel layers ran on 64-channel tiles, a quarter of each block's products on padding
+    // (ncu, H100, the CNN's conv 2 at b64 on 64x64: 25.9 us, 49 % of the instructions FFMA, a third of them padding)
+    tile<64, 48, 4, 4, 24>(),
+    tile<64, 48, 4, 4, 24, 2>(),
+    tile<64, 48, 4, 4, 24, 4>(),
+    tile<64, 96, 4, 4, 24>(),
+    tile<64, 96, 4, 4, 24, 2>(),
+    tile<64, 96, 4, 4, 24, 4>(),
 };
 constexpr int kTileCount = sizeof(kTiles) / sizeof(kTiles[0]);
 

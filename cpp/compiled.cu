@@ -23,6 +23,7 @@
 
 #include "act_math.cuh"
 #include "common.cuh"
+#include "launch.cuh"
 #include "conv_plan.cuh"   // check_geometry
 
 namespace {
@@ -34,6 +35,7 @@ using cydnn::fits_32;
 // number t (from 1) is counters->global_step + 1; the learning rate is
 // lr_table[counters->step_in_epoch % lr_len].
 __global__ void flat_update_kernel(cydnnFlatUpdate u) {
+    cydnn::pdl_wait();
     const long long t = u.counters->global_step + 1;
     const float lr = u.lr_table[u.counters->step_in_epoch % u.lr_len];
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -76,6 +78,7 @@ constexpr int kReduceThreads = 256;   // the bookkeeping's one block
 // then thread 0 adds it and the loss to the epoch totals and advances the counters.
 __global__ void bookkeeping_kernel(const float *logits, const int32_t *labels, int n, int c,
                                    const float *loss, cydnnStepCounters *counters) {
+    cydnn::pdl_wait();
     __shared__ int right[kReduceThreads];
     int mine = 0;
     for (int r = threadIdx.x; r < n; r += blockDim.x) {
@@ -103,6 +106,7 @@ __global__ void bookkeeping_kernel(const float *logits, const int32_t *labels, i
 __global__ void dropout_step_kernel(const float *x, float *y, float *mask, size_t count,
                                     uint32_t threshold, float scale, uint64_t seed,
                                     const cydnnStepCounters *counters) {
+    cydnn::pdl_wait();
     const uint64_t s = cydnn::splitmix64(seed ^ (uint64_t)counters->global_step);
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
@@ -118,6 +122,7 @@ __global__ void dropout_step_kernel(const float *x, float *y, float *mask, size_
 __global__ void fold_batch_norm_kernel(const float *w, const float *b, const float *gamma, const float *beta,
                                        const float *mean, const float *var, float eps, int out, size_t per_out,
                                        float *w_out, float *b_out) {
+    cydnn::pdl_wait();
     const size_t total = (size_t)out * per_out;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -134,6 +139,7 @@ __global__ void fold_batch_norm_kernel(const float *w, const float *b, const flo
 // the executor times both on the plan's own buffers and keeps the faster.
 __global__ void direct_conv_kernel(const float *x, const float *w, const float *b, float *y,
                                    cydnnConvGeometry g, int oh, int ow, int act, float slope) {
+    cydnn::pdl_wait();
     const size_t total = (size_t)g.n * g.k * oh * ow;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += stride) {
@@ -171,7 +177,7 @@ cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeomet
     const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
     const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
     const size_t total = (size_t)g->n * g->k * oh * ow;
-    direct_conv_kernel<<<cydnn::blocks_for(total, 128), 128, 0, ctx->stream>>>(x, w, b, y, *g, oh, ow, act, slope);
+    CYDNN_LAUNCH(direct_conv_kernel, cydnn::blocks_for(total, 128), 128, 0, ctx->stream, x, w, b, y, *g, oh, ow, act, slope);
     CYDNN_LAUNCH_CHECK(op, "direct_conv_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
@@ -184,7 +190,7 @@ cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const flo
     CYDNN_REQUIRE(op, w && gamma && beta && mean && var && w_out && b_out, "a pointer is NULL");
     CYDNN_REQUIRE(op, out >= 1 && per_out >= 1, "sizes must be >= 1 (out=%d, per_out=%zu)", out, per_out);
     const size_t total = (size_t)out * per_out;
-    fold_batch_norm_kernel<<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+    CYDNN_LAUNCH(fold_batch_norm_kernel, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
         w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
     CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -204,7 +210,7 @@ cydnnStatus_t cydnn_flat_update(cydnnContext *ctx, const cydnnFlatUpdate *u) {
                   "SGD with momentum needs state1");
     CYDNN_REQUIRE(op, u->optimizer == CYDNN_OPT_SGD || (u->state1 != nullptr && u->state2 != nullptr),
                   "Adam needs state1 and state2");
-    flat_update_kernel<<<cydnn::blocks_for(u->count), cydnn::kThreads, 0, ctx->stream>>>(*u);
+    CYDNN_LAUNCH(flat_update_kernel, cydnn::blocks_for(u->count), cydnn::kThreads, 0, ctx->stream, *u);
     CYDNN_LAUNCH_CHECK(op, "flat_update_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
@@ -216,7 +222,7 @@ cydnnStatus_t cydnn_step_bookkeeping(cydnnContext *ctx, const float *logits, con
     CYDNN_REQUIRE(op, logits != nullptr && labels != nullptr && loss != nullptr && counters != nullptr,
                   "a pointer is NULL");
     CYDNN_REQUIRE(op, n >= 1 && c >= 1, "sizes must be >= 1 (n=%d, c=%d)", n, c);
-    bookkeeping_kernel<<<1, kReduceThreads, 0, ctx->stream>>>(logits, labels, n, c, loss, counters);
+    CYDNN_LAUNCH(bookkeeping_kernel, 1, kReduceThreads, 0, ctx->stream, logits, labels, n, c, loss, counters);
     CYDNN_LAUNCH_CHECK(op, "bookkeeping_kernel");
     return CYDNN_STATUS_SUCCESS;
 }
@@ -227,7 +233,7 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr && mask != nullptr && counters != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, count >= 1, "count must be >= 1");
-    dropout_step_kernel<<<cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream>>>(
+    CYDNN_LAUNCH(dropout_step_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream, 
         x, y, mask, count, threshold, scale, seed, counters);
     CYDNN_LAUNCH_CHECK(op, "dropout_step_kernel");
     return CYDNN_STATUS_SUCCESS;

@@ -19,6 +19,7 @@
 
 #include "act_math.cuh"
 #include "common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -30,6 +31,7 @@ using cydnn::fits_32;
 template <typename I>
 __global__ void bias_act_forward_kernel(const float *x, const float *bias, float *y, I total,
                                         I channels, I inner, int act, float slope) {
+    cydnn::pdl_wait();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         float v = x[i];
@@ -43,6 +45,7 @@ __global__ void bias_act_forward_kernel(const float *x, const float *bias, float
 template <typename I>
 __global__ void act_backward_kernel(const float *y, const float *dy, float *dx, I total, int act,
                                     float slope) {
+    cydnn::pdl_wait();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
         dx[i] = dy[i] * derivative(y[i], act, slope);
@@ -75,6 +78,7 @@ template <typename I>
 __global__ void act_backward_partial_kernel(const float *y, const float *dy, float *dx, float *partial,
                                             I channels, I inner, I per_channel, int chunks,
                                             int act, float slope) {
+    cydnn::pdl_wait();
     const I c = blockIdx.y;
     const I begin = (I)blockIdx.x * (I)kChunk;
     const I end = begin + (I)kChunk < per_channel ? begin + (I)kChunk : per_channel;
@@ -93,6 +97,7 @@ __global__ void act_backward_partial_kernel(const float *y, const float *dy, flo
 // same bits every run).  The warp leaves whole (c is the same for its 32 lanes).
 constexpr int kSumWarpsPerBlock = kReduceThreads / 32;
 __global__ void bias_sum_kernel(const float *partial, float *dbias, int channels, int chunks) {
+    cydnn::pdl_wait();
     const int c = (int)((blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = (int)(threadIdx.x % 32);
     if (c >= channels) return;
     float total = 0.0f;
@@ -111,6 +116,7 @@ template <typename I>
 __global__ void max_pool_act_backward_kernel(const float *y, const float *dy, float *dx, float *partial,
                                              I channels, int oh, int ow, int kh, int kw, I windows,
                                              I per_block, int chunks, int act, float slope, int vec2) {
+    cydnn::pdl_wait();
     const I c = blockIdx.y;
     const int h = oh * kh, w = ow * kw;
     const I plane_windows = (I)oh * (I)ow;
@@ -187,7 +193,7 @@ cydnnStatus_t with_channel_sums(cydnnContext *ctx, float *dbias, int channels, i
     launch(partial);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && scratch != nullptr) {
-        bias_sum_kernel<<<(channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(bias_sum_kernel, (channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream, 
             partial, dbias, channels, chunks);
         e = cudaGetLastError();
     }
@@ -208,10 +214,10 @@ cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const fl
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
     const size_t total = (size_t)n * channels * inner;
     if (fits_32(total))
-        bias_act_forward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(bias_act_forward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, bias, y, (unsigned)total, (unsigned)channels, (unsigned)inner, act, slope);
     else
-        bias_act_forward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(bias_act_forward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, bias, y, total, (size_t)channels, inner, act, slope);
     CYDNN_LAUNCH_CHECK(op, "bias_act_forward_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -232,10 +238,10 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     const size_t total = per_channel * channels;
     if (dbias == nullptr) {                       // no sums: one flat element-wise pass
         if (fits_32(total))
-            act_backward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(act_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
                 y, dy, dx, (unsigned)total, act, slope);
         else
-            act_backward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(act_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
                 y, dy, dx, total, act, slope);
         CYDNN_LAUNCH_CHECK(op, "act_backward_kernel");
         return CYDNN_STATUS_SUCCESS;
@@ -243,10 +249,10 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     return with_channel_sums(ctx, dbias, channels, chunks, op, "launch of act_backward_partial_kernel / bias_sum_kernel",
                              [&](float *partial) {
         if (fits_32(total))
-            act_backward_partial_kernel<unsigned><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(act_backward_partial_kernel<unsigned>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream, 
                 y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
         else
-            act_backward_partial_kernel<size_t><<<dim3(chunks, channels), kReduceThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(act_backward_partial_kernel<size_t>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream, 
                 y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
     });
 }
@@ -277,11 +283,11 @@ cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeom
     return with_channel_sums(ctx, dbias, g->c, chunks, op, "launch of max_pool_act_backward_kernel / bias_sum_kernel",
                              [&](float *partial) {
         if (fits_32((size_t)g->n * g->c * g->h * g->w))
-            max_pool_act_backward_kernel<unsigned><<<grid, kReduceThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(max_pool_act_backward_kernel<unsigned>, grid, kReduceThreads, 0, ctx->stream, 
                 y, dy, dx, partial, (unsigned)g->c, oh, ow, g->kh, g->kw, (unsigned)windows, (unsigned)per_block,
                 chunks, act, slope, vec2);
         else
-            max_pool_act_backward_kernel<size_t><<<grid, kReduceThreads, 0, ctx->stream>>>(
+            CYDNN_LAUNCH(max_pool_act_backward_kernel<size_t>, grid, kReduceThreads, 0, ctx->stream, 
                 y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope, vec2);
     });
 }

@@ -18,6 +18,7 @@
 
 #include "act_math.cuh"
 #include "common.cuh"
+#include "launch.cuh"
 #include "conv_plan.cuh"   // check_geometry
 
 namespace {
@@ -119,6 +120,7 @@ struct Loader {
 template <int BM, int BN, int TM, int TN, int kBK>
 __global__ void __launch_bounds__((BM / TM) * (BN / TN))
 igemm_conv_kernel(const IgemmArgs a) {
+    cydnn::pdl_wait();
     constexpr int kT = (BM / TM) * (BN / TN);
     static_assert(TM == 4 || TM == 8, "TM");
     static_assert(TN == 4, "TN");
@@ -204,6 +206,7 @@ igemm_conv_kernel(const IgemmArgs a) {
 // A split reduction's second pass: y = act(bias + the splits' sums, added in split order), element-wise.
 __global__ void igemm_split_sum(const float *partial, int splits, const float *bias, float *y, long size,
                                 int opix, int cout, int act, float slope) {
+    cydnn::pdl_wait();
     const long stride = (long)gridDim.x * blockDim.x;
     for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < size; i += stride) {
         float v = 0.0f;
@@ -282,10 +285,10 @@ cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
         a.partial = static_cast<float *>(ws);
     }
     const dim3 grid((unsigned)((a.m + t.bm - 1) / t.bm), (unsigned)((a.cout + t.bn - 1) / t.bn), (unsigned)used);
-    t.kernel<<<grid, t.threads, 3 * a.r * sizeof(int), ctx->stream>>>(a);
+    CYDNN_LAUNCH(t.kernel, grid, t.threads, 3 * a.r * sizeof(int), ctx->stream, a);
     CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
     if (used > 1) {
-        igemm_split_sum<<<cydnn::blocks_for(size), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(igemm_split_sum, cydnn::blocks_for(size), cydnn::kThreads, 0, ctx->stream, 
             a.partial, used, a.bias, a.y, size, a.oh * a.ow, a.cout, a.act, a.slope);
         CYDNN_LAUNCH_CHECK(op, "igemm_split_sum");
     }

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "launch.cuh"
 #include "conv_plan.cuh"   // check_geometry
 #include "conv_wgrad.cuh"
 
@@ -38,6 +39,7 @@ struct WgradArgs {
 template <int BO, int BR>
 __global__ void __launch_bounds__((BO / 4) * (BR / 4))
 wgrad_kernel(const WgradArgs a) {
+    cydnn::pdl_wait();
     constexpr int T = (BO / 4) * (BR / 4);
     constexpr int kD = BO * kBK / T, kA = BR * kBK / T;          // loads a thread, of dy and of A, a chunk
     constexpr int kStep = T / kBK;                                // o (or r) between a thread's loads
@@ -140,6 +142,7 @@ wgrad_kernel(const WgradArgs a) {
 constexpr int kSumGroups = 16;
 __global__ void __launch_bounds__(32 * kSumGroups) wgrad_split_sum(const float *partial, int splits, float *dw,
                                                                    int size) {
+    cydnn::pdl_wait();
     __shared__ float sums[kSumGroups][33];
     const int i = blockIdx.x * 32 + threadIdx.x;
     float v = 0.0f;
@@ -211,10 +214,10 @@ cydnnStatus_t conv_wgrad(cydnnContext *ctx, const cydnnConvGeometry *g, const fl
         a.out = static_cast<float *>(ws);
     }
     const dim3 grid((unsigned)((r + t.br - 1) / t.br), (unsigned)((g->k + t.bo - 1) / t.bo), (unsigned)used);
-    t.kernel<<<grid, (t.bo / 4) * (t.br / 4), 0, stream>>>(a);
+    CYDNN_LAUNCH(t.kernel, grid, (t.bo / 4) * (t.br / 4), 0, stream, a);
     CYDNN_LAUNCH_CHECK(op, "wgrad_kernel");
     if (used > 1) {
-        wgrad_split_sum<<<(unsigned)((size + 31) / 32), dim3(32, kSumGroups), 0, stream>>>(a.out, used, dw, size);
+        CYDNN_LAUNCH(wgrad_split_sum, (unsigned)((size + 31) / 32), dim3(32, kSumGroups), 0, stream, a.out, used, dw, size);
         CYDNN_LAUNCH_CHECK(op, "wgrad_split_sum");
     }
     return CYDNN_STATUS_SUCCESS;

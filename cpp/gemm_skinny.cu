@@ -22,6 +22,7 @@
 #include "act_math.cuh"
 #include "cluster_launch.cuh"
 #include "common.cuh"
+#include "launch.cuh"
 #include "gemm_skinny.cuh"
 
 namespace cg = cooperative_groups;
@@ -127,6 +128,7 @@ struct Loads {
 template <int BM, int BN>
 __global__ void __launch_bounds__((BM / 4) * (BN / 4))
 skinny_gemm_kernel(const SkinnyArgs s) {
+    cydnn::pdl_wait();
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900          // clusters: sm_90 (the host refuses older devices)
     constexpr int T = (BM / 4) * (BN / 4), lda = Smem<BM, BN>::kLda, ldb = Smem<BM, BN>::kLdb;
     constexpr int kStage = Smem<BM, BN>::kStage;
@@ -254,9 +256,10 @@ cydnnStatus_t skinny_gemm(cydnnContext *ctx, const float *a, const float *w, con
     s.per_split = (chunks + t.splits - 1) / t.splits;
     cudaLaunchAttribute attr[1];
     const dim3 grid((unsigned)t.splits, (unsigned)((n + t.bn - 1) / t.bn), (unsigned)((m + t.bm - 1) / t.bm));
-    cudaLaunchConfig_t cfg =
+    const cudaLaunchConfig_t cfg =
         cydnn::cluster_config(grid, (unsigned)((t.bm / 4) * (t.bn / 4)), 0, stream, t.splits, attr);
-    CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, t.kernel, s));
+    // a programmatic dependent launch too (launch.cuh): the kernel waits first
+    CYDNN_CUDA(op, cydnn::launch_pdl(t.kernel, cfg.gridDim, cfg.blockDim, 0, stream, &attr[0], s));
     CYDNN_LAUNCH_CHECK(op, "skinny_gemm_kernel");
     return CYDNN_STATUS_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <new>
 
 #include "common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -77,6 +78,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *labels, int n,
                                           int c, float *row_loss, float *dlogits,
                                           int32_t *bad_labels) {
+    cydnn::pdl_wait();
     const int lane = threadIdx.x % kWarp;
     const size_t first_row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
     const size_t row_stride = (size_t)gridDim.x * blockDim.x / kWarp;
@@ -119,6 +121,7 @@ __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *la
 constexpr int kReduceThreads = 256;  // a power of two (the tree halves it)
 
 __global__ void mean_kernel(const float *row_loss, int n, float *loss) {
+    cydnn::pdl_wait();
     __shared__ float partial[kReduceThreads];
     const int t = threadIdx.x;
     float sum = 0.0f;
@@ -137,11 +140,10 @@ cydnnStatus_t launch_cross_entropy(cydnnContext *ctx, const float *logits,
                                    const int32_t *labels, int n, int c, float *row_loss,
                                    float *loss, float *dlogits, int32_t *bad_labels) {
     const int rows_per_block = cydnn::kThreads / kWarp;
-    cross_entropy_rows_kernel<<<cydnn::blocks_for((size_t)n, rows_per_block), cydnn::kThreads,
-                                0, ctx->stream>>>(logits, labels, n, c, row_loss, dlogits,
+    CYDNN_LAUNCH(cross_entropy_rows_kernel, cydnn::blocks_for((size_t)n, rows_per_block), cydnn::kThreads, 0, ctx->stream, logits, labels, n, c, row_loss, dlogits,
                                                   bad_labels);
     CYDNN_LAUNCH_CHECK("softmax_cross_entropy", "cross_entropy_rows_kernel");
-    mean_kernel<<<1, kReduceThreads, 0, ctx->stream>>>(row_loss, n, loss);
+    CYDNN_LAUNCH(mean_kernel, 1, kReduceThreads, 0, ctx->stream, row_loss, n, loss);
     CYDNN_LAUNCH_CHECK("softmax_cross_entropy", "mean_kernel");
     return CYDNN_STATUS_SUCCESS;
 }

@@ -18,6 +18,7 @@
 #include <new>
 
 #include "common.cuh"
+#include "launch.cuh"
 
 namespace {
 
@@ -125,6 +126,7 @@ __global__ void max_pool_backward_kernel(const float *x, const float *dy, float 
                                          I planes, int h, int w, int oh, int ow, int kh,
                                          int kw, int stride_h, int stride_w, int pad_h,
                                          int pad_w) {
+    cydnn::pdl_wait();
     const I plane_size = (I)h * (I)w;
     const I total = planes * plane_size;
     const I stride = (I)gridDim.x * blockDim.x;
@@ -175,6 +177,7 @@ __global__ void max_pool_backward_kernel(const float *x, const float *dy, float 
 // cuDNN's pooling kernel took 4.3-5.8 us a layer in the CNN's step at batch 64 (session 30, ncu).
 template <typename I>
 __global__ void max_pool_tiled_kernel(const float *x, float *y, I total, int ow, int kh, int kw, int w, int vec2) {
+    cydnn::pdl_wait();
     const I stride = (I)gridDim.x * blockDim.x;
     for (I o = (I)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += stride) {
         const I row = o / (I)ow;
@@ -225,10 +228,10 @@ cydnnStatus_t max_pool_tiled_forward(cydnnContext *ctx, const cydnnPoolGeometry 
     // 2x2 windows as float2: every row of x starts 8-byte aligned when x is (w is even)
     const int vec2 = g->kh == 2 && g->kw == 2 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
     if ((size_t)g->n * g->c * g->h * g->w < (size_t(1) << 32) - 65536)
-        max_pool_tiled_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(max_pool_tiled_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, y, (unsigned)total, ow, g->kh, g->kw, g->w, vec2);
     else
-        max_pool_tiled_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(max_pool_tiled_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, y, total, ow, g->kh, g->kw, g->w, vec2);
     CYDNN_LAUNCH_CHECK(op, "max_pool_tiled_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -248,11 +251,11 @@ cydnnStatus_t max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, c
     const size_t planes = (size_t)g->n * g->c;
     const size_t total = planes * g->h * g->w;
     if (total < (size_t(1) << 32) - 65536)
-        max_pool_backward_kernel<unsigned><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(max_pool_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, dy, dx, (unsigned)planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
             g->pad_w);
     else
-        max_pool_backward_kernel<size_t><<<cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream>>>(
+        CYDNN_LAUNCH(max_pool_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
             x, dy, dx, planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
             g->pad_w);
     CYDNN_LAUNCH_CHECK("max_pool_backward", "max_pool_backward_kernel");

@@ -1,7 +1,7 @@
 """The kernels a plan lists are the kernels its calls launch (CPU: the plan against the C sources).
 
 ``Plan.explain()`` is how a reader learns what a step costs: every name it shows must be a kernel
-of cpp/*.cu (a ``__global__`` function the step's C function launches) or a cuDNN / cuBLAS entry
+of cpp/*.cu (a ``__global__`` function the step's C function launches, ``<<<`` or ``CYDNN_LAUNCH``) or a cuDNN / cuBLAS entry
 point that C function calls, and the counts must follow the layers.  (The first version of the
 activation-backward step named a ``bias_act_backward_kernel`` that does not exist: the call
 launches ``act_backward_partial_kernel`` and, when a channel spans several blocks, ``bias_sum_kernel``;
@@ -58,7 +58,9 @@ def test_every_kernel_a_plan_names_is_launched_or_called_by_its_step(key):
                 assert re.search(rf"\b{kernel}\s*\(", text), (key, step.kind, kernel)
             else:
                 assert kernel in GLOBALS, (key, step.kind, kernel)
-                assert re.search(rf"\b{kernel}\s*(<[\w\s,]*>)?<<<", text), (key, step.kind, kernel)   # templates too
+                # launched: kernel<<<...>>> or CYDNN_LAUNCH(kernel, ...) (cpp/launch.cuh), templates too
+                assert re.search(rf"\b{kernel}\s*(<[\w\s,]*>)?<<<|\bCYDNN_LAUNCH\(\s*{kernel}\s*(<[\w\s,]*>)?\s*,",
+                                 text), (key, step.kind, kernel)
 
 
 def test_the_activation_backward_names_the_bias_sum_only_when_a_channel_spans_several_blocks():

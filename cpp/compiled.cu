@@ -190,7 +190,7 @@ cydnnStatus_t cydnn_fold_batch_norm(cydnnContext *ctx, const float *w, const flo
     CYDNN_REQUIRE(op, w && gamma && beta && mean && var && w_out && b_out, "a pointer is NULL");
     CYDNN_REQUIRE(op, out >= 1 && per_out >= 1, "sizes must be >= 1 (out=%d, per_out=%zu)", out, per_out);
     const size_t total = (size_t)out * per_out;
-    CYDNN_LAUNCH(fold_batch_norm_kernel, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+    CYDNN_LAUNCH(fold_batch_norm_kernel, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
         w, b, gamma, beta, mean, var, eps, out, per_out, w_out, b_out);
     CYDNN_LAUNCH_CHECK(op, "fold_batch_norm_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -233,7 +233,7 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr && mask != nullptr && counters != nullptr, "a pointer is NULL");
     CYDNN_REQUIRE(op, count >= 1, "count must be >= 1");
-    CYDNN_LAUNCH(dropout_step_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream, 
+    CYDNN_LAUNCH(dropout_step_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream,
         x, y, mask, count, threshold, scale, seed, counters);
     CYDNN_LAUNCH_CHECK(op, "dropout_step_kernel");
     return CYDNN_STATUS_SUCCESS;

@@ -20,6 +20,7 @@
 #include "act_math.cuh"
 #include "common.cuh"
 #include "launch.cuh"
+#include "pool_tiles.cuh"
 
 namespace {
 
@@ -193,7 +194,7 @@ cydnnStatus_t with_channel_sums(cydnnContext *ctx, float *dbias, int channels, i
     launch(partial);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && scratch != nullptr) {
-        CYDNN_LAUNCH(bias_sum_kernel, (channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(bias_sum_kernel, (channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream,
             partial, dbias, channels, chunks);
         e = cudaGetLastError();
     }
@@ -214,10 +215,10 @@ cydnnStatus_t cydnn_bias_act_forward(cydnnContext *ctx, const float *x, const fl
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
     const size_t total = (size_t)n * channels * inner;
     if (fits_32(total))
-        CYDNN_LAUNCH(bias_act_forward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(bias_act_forward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, bias, y, (unsigned)total, (unsigned)channels, (unsigned)inner, act, slope);
     else
-        CYDNN_LAUNCH(bias_act_forward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(bias_act_forward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, bias, y, total, (size_t)channels, inner, act, slope);
     CYDNN_LAUNCH_CHECK(op, "bias_act_forward_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -238,10 +239,10 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     const size_t total = per_channel * channels;
     if (dbias == nullptr) {                       // no sums: one flat element-wise pass
         if (fits_32(total))
-            CYDNN_LAUNCH(act_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(act_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
                 y, dy, dx, (unsigned)total, act, slope);
         else
-            CYDNN_LAUNCH(act_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(act_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
                 y, dy, dx, total, act, slope);
         CYDNN_LAUNCH_CHECK(op, "act_backward_kernel");
         return CYDNN_STATUS_SUCCESS;
@@ -249,10 +250,10 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
     return with_channel_sums(ctx, dbias, channels, chunks, op, "launch of act_backward_partial_kernel / bias_sum_kernel",
                              [&](float *partial) {
         if (fits_32(total))
-            CYDNN_LAUNCH(act_backward_partial_kernel<unsigned>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(act_backward_partial_kernel<unsigned>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream,
                 y, dy, dx, partial, (unsigned)channels, (unsigned)inner, (unsigned)per_channel, chunks, act, slope);
         else
-            CYDNN_LAUNCH(act_backward_partial_kernel<size_t>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(act_backward_partial_kernel<size_t>, dim3(chunks, channels), kReduceThreads, 0, ctx->stream,
                 y, dy, dx, partial, (size_t)channels, inner, per_channel, chunks, act, slope);
     });
 }
@@ -265,11 +266,7 @@ cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeom
     CYDNN_REQUIRE(op, y != nullptr && dy != nullptr && dx != nullptr, "y, dy or dx is NULL");
     CYDNN_REQUIRE(op, g->n >= 1 && g->c >= 1 && g->kh >= 1 && g->kw >= 1,
                   "sizes must be >= 1 (n=%d, c=%d, kh=%d, kw=%d)", g->n, g->c, g->kh, g->kw);
-    CYDNN_REQUIRE(op, g->stride_h == g->kh && g->stride_w == g->kw && g->pad_h == 0 && g->pad_w == 0,
-                  "the windows must tile the input: kernel (%d, %d) == stride (%d, %d), padding (%d, %d) == 0",
-                  g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h, g->pad_w);
-    CYDNN_REQUIRE(op, g->h >= g->kh && g->w >= g->kw && g->h % g->kh == 0 && g->w % g->kw == 0,
-                  "the input (%d, %d) must be a whole number of (%d, %d) windows", g->h, g->w, g->kh, g->kw);
+    CYDNN_TRY(cydnn::check_pool_tiles(op, g));
     CYDNN_REQUIRE(op, act >= 0 && act <= 4, "act must be 0..4, got %d", act);
     CYDNN_REQUIRE(op, g->c <= 65535, "at most 65535 channels, got %d", g->c);
     const int oh = g->h / g->kh, ow = g->w / g->kw;
@@ -283,11 +280,11 @@ cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeom
     return with_channel_sums(ctx, dbias, g->c, chunks, op, "launch of max_pool_act_backward_kernel / bias_sum_kernel",
                              [&](float *partial) {
         if (fits_32((size_t)g->n * g->c * g->h * g->w))
-            CYDNN_LAUNCH(max_pool_act_backward_kernel<unsigned>, grid, kReduceThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(max_pool_act_backward_kernel<unsigned>, grid, kReduceThreads, 0, ctx->stream,
                 y, dy, dx, partial, (unsigned)g->c, oh, ow, g->kh, g->kw, (unsigned)windows, (unsigned)per_block,
                 chunks, act, slope, vec2);
         else
-            CYDNN_LAUNCH(max_pool_act_backward_kernel<size_t>, grid, kReduceThreads, 0, ctx->stream, 
+            CYDNN_LAUNCH(max_pool_act_backward_kernel<size_t>, grid, kReduceThreads, 0, ctx->stream,
                 y, dy, dx, partial, (size_t)g->c, oh, ow, g->kh, g->kw, windows, per_block, chunks, act, slope, vec2);
     });
 }

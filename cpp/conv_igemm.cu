@@ -288,7 +288,7 @@ cydnnStatus_t launch(cydnnContext *ctx, IgemmArgs a, int tile, const char *op) {
     CYDNN_LAUNCH(t.kernel, grid, t.threads, 3 * a.r * sizeof(int), ctx->stream, a);
     CYDNN_LAUNCH_CHECK(op, "igemm_conv_kernel");
     if (used > 1) {
-        CYDNN_LAUNCH(igemm_split_sum, cydnn::blocks_for(size), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(igemm_split_sum, cydnn::blocks_for(size), cydnn::kThreads, 0, ctx->stream,
             a.partial, used, a.bias, a.y, size, a.oh * a.ow, a.cout, a.act, a.slope);
         CYDNN_LAUNCH_CHECK(op, "igemm_split_sum");
     }

@@ -81,7 +81,7 @@ cydnnStatus_t cydnn_sgd_update(cydnnContext *ctx, float *param, const float *gra
     CYDNN_REQUIRE("sgd_update", momentum == 0.0f || momentum_buf != nullptr,
                   "momentum_buf is NULL but momentum is %g", (double)momentum);
     CYDNN_REQUIRE("sgd_update", count >= 1, "count must be >= 1");
-    CYDNN_LAUNCH(sgd_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream, 
+    CYDNN_LAUNCH(sgd_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream,
         param, grad, momentum_buf, count, lr, momentum, dampening, weight_decay, nesterov,
         first_step);
     CYDNN_LAUNCH_CHECK("sgd_update", "sgd_kernel");
@@ -108,7 +108,7 @@ cydnnStatus_t cydnn_adam_update(cydnnContext *ctx, float *param, const float *gr
     const float bias_correction2 = (float)(1.0 - std::pow(beta2, (double)step));
     const float decay = decoupled ? (float)(1.0 - (double)lr * (double)weight_decay) : 1.0f;
 
-    CYDNN_LAUNCH(adam_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream, 
+    CYDNN_LAUNCH(adam_kernel, cydnn::blocks_for(count), cydnn::kThreads, 0, ctx->stream,
         param, grad, m, v, count, lr, (float)beta1, (float)(1.0 - beta1), (float)beta2,
         (float)(1.0 - beta2), eps, weight_decay, decoupled, decay, bias_correction1, bias_correction2);
     CYDNN_LAUNCH_CHECK("adam_update", "adam_kernel");

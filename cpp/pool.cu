@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "launch.cuh"
+#include "pool_tiles.cuh"
 
 namespace {
 
@@ -218,20 +219,16 @@ cydnnStatus_t max_pool_tiled_forward(cydnnContext *ctx, const cydnnPoolGeometry 
     CYDNN_REQUIRE_CTX(op, ctx);
     CYDNN_TRY(check_geometry(op, g));
     CYDNN_REQUIRE(op, x != nullptr && y != nullptr, "x or y is NULL");
-    CYDNN_REQUIRE(op, g->stride_h == g->kh && g->stride_w == g->kw && g->pad_h == 0 && g->pad_w == 0,
-                  "the windows must tile the input: kernel (%d, %d) == stride (%d, %d), padding (%d, %d) == 0",
-                  g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h, g->pad_w);
-    CYDNN_REQUIRE(op, g->h % g->kh == 0 && g->w % g->kw == 0,
-                  "the input (%d, %d) must be a whole number of (%d, %d) windows", g->h, g->w, g->kh, g->kw);
+    CYDNN_TRY(cydnn::check_pool_tiles(op, g));
     const int oh = g->h / g->kh, ow = g->w / g->kw;
     const size_t total = (size_t)g->n * g->c * oh * ow;
     // 2x2 windows as float2: every row of x starts 8-byte aligned when x is (w is even)
     const int vec2 = g->kh == 2 && g->kw == 2 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
     if ((size_t)g->n * g->c * g->h * g->w < (size_t(1) << 32) - 65536)
-        CYDNN_LAUNCH(max_pool_tiled_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(max_pool_tiled_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, y, (unsigned)total, ow, g->kh, g->kw, g->w, vec2);
     else
-        CYDNN_LAUNCH(max_pool_tiled_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(max_pool_tiled_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, y, total, ow, g->kh, g->kw, g->w, vec2);
     CYDNN_LAUNCH_CHECK(op, "max_pool_tiled_kernel");
     return CYDNN_STATUS_SUCCESS;
@@ -251,11 +248,11 @@ cydnnStatus_t max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, c
     const size_t planes = (size_t)g->n * g->c;
     const size_t total = planes * g->h * g->w;
     if (total < (size_t(1) << 32) - 65536)
-        CYDNN_LAUNCH(max_pool_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(max_pool_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, dy, dx, (unsigned)planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
             g->pad_w);
     else
-        CYDNN_LAUNCH(max_pool_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream, 
+        CYDNN_LAUNCH(max_pool_backward_kernel<size_t>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, dy, dx, planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
             g->pad_w);
     CYDNN_LAUNCH_CHECK("max_pool_backward", "max_pool_backward_kernel");

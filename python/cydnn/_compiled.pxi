@@ -27,15 +27,10 @@ def max_pool_act_backward(DeviceArray y not None, DeviceArray dy not None, Devic
     activation's before it, in one pass: dx = (dy at each window's first maximum, 0 elsewhere) * act'(y);
     dbias[c] = the sum of dx over n, h, w (may be None).  y, dx (n, c, h, w); dy (n, c, h / kh, w / kw)."""
     op = "max_pool_act_backward"
-    if len(y.shape) != 4:
-        raise ValueError(f"{op}: y must be (n, c, h, w), got shape {y.shape}")
-    n, c, h, w = y.shape
-    kh, kw = kernel
-    if kh < 1 or kw < 1 or h < kh or w < kw or h % kh or w % kw:
-        raise ValueError(f"{op}: kernel {kernel} must tile y's plane ({h}, {w}) exactly")
-    if tuple(dy.shape) != (n, c, h // kh, w // kw):
-        raise ValueError(f"{op}: dy must have shape {(n, c, h // kh, w // kw)} (y {y.shape}, kernel {kernel}), "
-                         f"got {dy.shape}")
+    out = tiled_pool_shape(op, "y", tuple(y.shape), kernel)       # _ops.pxi
+    c = out[1]
+    if tuple(dy.shape) != out:
+        raise ValueError(f"{op}: dy must have shape {out} (y {y.shape}, kernel {kernel}), got {dy.shape}")
     if tuple(dx.shape) != tuple(y.shape):
         raise ValueError(f"{op}: dx must have y's shape {y.shape}, got {dx.shape}")
     if dbias is not None and dbias.size != c:

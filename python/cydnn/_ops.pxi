@@ -71,19 +71,25 @@ def max_pool_forward(DeviceArray x not None, DeviceArray y not None, tuple kerne
     check(cydnn_max_pool_forward(ctx(), &g, f32(x, "x"), f32(y, "y")), "max_pool_forward")
 
 
+cdef tuple tiled_pool_shape(str op, str name, tuple shape, tuple kernel):
+    """The pooled shape (n, c, h / kh, w / kw) of ``name``'s ``shape`` by windows ``kernel`` that tile its plane
+    exactly (stride == kernel, no padding): the check of every op that takes only such a pooling."""
+    if len(shape) != 4:
+        raise ValueError(f"{op}: {name} must be (n, c, h, w), got shape {shape}")
+    n, c, h, w = shape
+    kh, kw = kernel
+    if kh < 1 or kw < 1 or h < kh or w < kw or h % kh or w % kw:
+        raise ValueError(f"{op}: kernel {kernel} must tile {name}'s plane ({h}, {w}) exactly")
+    return (n, c, h // kh, w // kw)
+
+
 def max_pool_tiled_forward(DeviceArray x not None, DeviceArray y not None, tuple kernel):
     """Max pooling by windows ``kernel`` that tile x (stride == kernel, no padding) with the custom kernel the
     compiler's plans use (cydnn_max_pool_tiled_forward): x (n, c, h, w) -> y (n, c, h / kh, w / kw)."""
     op = "max_pool_tiled_forward"
-    if len(x.shape) != 4:
-        raise ValueError(f"{op}: x must be (n, c, h, w), got shape {x.shape}")
-    n, c, h, w = x.shape
-    kh, kw = kernel
-    if kh < 1 or kw < 1 or h < kh or w < kw or h % kh or w % kw:
-        raise ValueError(f"{op}: kernel {kernel} must tile x's plane ({h}, {w}) exactly")
-    if tuple(y.shape) != (n, c, h // kh, w // kw):
-        raise ValueError(f"{op}: y must have shape {(n, c, h // kh, w // kw)} (x {x.shape}, kernel {kernel}), "
-                         f"got {y.shape}")
+    out = tiled_pool_shape(op, "x", tuple(x.shape), kernel)
+    if tuple(y.shape) != out:
+        raise ValueError(f"{op}: y must have shape {out} (x {x.shape}, kernel {kernel}), got {y.shape}")
     cdef cydnnPoolGeometry g = pool_geometry(x.shape, kernel, kernel, (0, 0))
     check(cydnn_max_pool_tiled_forward(ctx(), &g, f32(x, "x"), f32(y, "y")), op)
 

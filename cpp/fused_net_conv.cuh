@@ -118,7 +118,11 @@ CYDNN_NET_FN bool stage_weights(const cydnnNetLayer &L, long lo, long hi, long r
 // are one float4 (the same for the lanes of a warp: a broadcast); else they come through the
 // read-only cache in their (k, c, kh, kw) layout.
 // KS > 0: a KS x KS kernel known at compile time (the tap loops unroll); 0: any, read from the table.
-template <int TCO, int TP, int KS>
+// STAGED: the caller knows that every block stages its weights (a kernel generated for one network:
+// compiler/fused_tiles.py's stages_all computes it as stage_weights does), so the reads through the
+// read-only cache are not compiled (NVRTC made a second copy of the inner loop for them).  Were it wrong,
+// the block would store nothing and the generated kernel's self-test against the interpreter would refuse it.
+template <int TCO, int TP, int KS, bool STAGED = false>
 CYDNN_NET_FN void conv_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
@@ -130,7 +134,9 @@ CYDNN_NET_FN void conv_layer(const cydnnNetLayer &L, const float *in, float *nex
     if (hi <= lo) return;
     const int ksize = C * KH * KW;
     int c_lo, cs;
-    const bool staged = stage_weights(L, lo, hi, row_items, TCO, ksize, wbuf, wcap, c_lo, cs);
+    const bool fits = stage_weights(L, lo, hi, row_items, TCO, ksize, wbuf, wcap, c_lo, cs);
+    if (STAGED && !fits) return;       // block-uniform (never, where STAGED is right)
+    const bool staged = STAGED || fits;
     for (long it = lo + threadIdx.x; it < hi; it += blockDim.x) {
         const int g = (int)(it / row_items);
         const int rest = (int)(it - g * row_items);
@@ -201,8 +207,9 @@ CYDNN_NET_FN void conv_sized(const cydnnNetLayer &L, const float *in, float *nex
 // Convolution for deep layers on small planes (few outputs, long reductions): G lanes of a warp
 // share one work item of 4 output channels x 1 pixel, lane l taking the input channels l, l + G,
 // ...; a butterfly of shuffles inside the group adds their sums (a fixed order: deterministic).
-// The weights are staged as in conv_layer (4-channel rows) or read through the read-only cache.
-template <int G, int KS>
+// The weights are staged as in conv_layer (4-channel rows) or read through the read-only cache
+// (STAGED: as conv_layer's).
+template <int G, int KS, bool STAGED = false>
 CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                            int rank, int ranks, float *wbuf, long wcap) {
     const int C = L.c, H = L.h, W = L.w, K = L.k, OH = L.oh, OW = L.ow;
@@ -214,7 +221,9 @@ CYDNN_NET_FN void conv_split(const cydnnNetLayer &L, const float *in, float *nex
     if (hi <= lo) return;
     const int ksize = C * KH * KW;
     int c_lo, cs;
-    const bool staged = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
+    const bool fits = stage_weights(L, lo, hi, row_items, 4, ksize, wbuf, wcap, c_lo, cs);
+    if (STAGED && !fits) return;       // block-uniform (never, where STAGED is right)
+    const bool staged = STAGED || fits;
     const int groups = blockDim.x / G, gid = threadIdx.x / G, l = threadIdx.x % G;
     const int warp_gid = (threadIdx.x & ~31) / G;          // the first group of this lane's warp
     // every lane of a warp runs the same number of rounds (the shuffles need them all); a warp whose

@@ -177,18 +177,22 @@ CYDNN_NET_FN void load_input(const float *src, long in_size, float *cur, cg::clu
                            int ranks) {
     long lo, hi;
     share(in_size, rank, ranks, lo, hi);
-    if (hi - lo <= (long)kInRegs * blockDim.x) {
+    // the values a thread holds: of the largest share (share's), kWsplitThreads threads (blockDim.x); a constant
+    // where in_size and ranks are (a generated kernel), so the slots past it and the loop below are not compiled
+    const long per = (in_size + ranks - 1) / ranks;
+    const int regs = (int)((per + kWsplitThreads - 1) / kWsplitThreads);
+    if (regs <= kInRegs) {
         float v[kInRegs];
 #pragma unroll
         for (int u = 0; u < kInRegs; ++u) {
             const long i = lo + threadIdx.x + (long)u * blockDim.x;
-            v[u] = i < hi ? CYDNN_NET_LDX(src + i) : 0.0f;
+            v[u] = u < regs && i < hi ? CYDNN_NET_LDX(src + i) : 0.0f;
         }
         cluster.sync();   // every block has started: its shared memory may be written
 #pragma unroll
         for (int u = 0; u < kInRegs; ++u) {
             const long i = lo + threadIdx.x + (long)u * blockDim.x;
-            if (i < hi) store_all(cluster, cur, ranks, i, v[u]);
+            if (u < regs && i < hi) store_all(cluster, cur, ranks, i, v[u]);
         }
     } else {
         cluster.sync();

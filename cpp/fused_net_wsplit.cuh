@@ -27,8 +27,8 @@ __device__ __forceinline__ int wsplit_ways(int channels, long per, int threads, 
 // The pixels: POOL == 0, row oy, columns ox0 + p * pxg (pxg apart: the lanes of a warp, on neighbouring
 // ox0, read neighbouring inputs); POOL != 0, the 2x2 window at (oy, ox0): pixel p at (oy + p / 2, ox0 + p % 2).
 // Weights: staged (wt != nullptr: tap t of input channel ci at wt[((ci - wci0) * kh * kw + t) * cs]) or
-// read through the read-only cache.
-template <int KS, int POOL>
+// read through the read-only cache (STAGED: always staged, the latter not compiled).
+template <int KS, int POOL, bool STAGED = false>
 __device__ __forceinline__ void wsplit_sums(const cydnnNetLayer &L, const float *in, int ci0, int ci1, int step,
                                             int oy, int ox0, int pxg, const float *wt, int cs, int wci0, int co0,
                                             float (&acc)[4][4]) {
@@ -54,7 +54,7 @@ __device__ __forceinline__ void wsplit_sums(const cydnnNetLayer &L, const float 
                 }
                 const int tap = ky * KW + kx;
                 float wv[4];
-                if (wt != nullptr) {
+                if (STAGED || wt != nullptr) {
                     staged4<4>(wt + ((ci - wci0) * kk + tap) * cs, wv);
                 } else {
 #pragma unroll
@@ -119,8 +119,11 @@ __device__ __forceinline__ void one_way_pooled(const cydnnNetLayer &L, const flo
 // conv_layer<4, 4>, which is that).  SPLIT: the caller knows the ways are 2 or more (a kernel generated for
 // one network: compiler/fused_net_gen.py computes them as wsplit_ways does), so the one-way paths are not
 // compiled at all (they were a third of NVRTC's time for such a kernel).  Were it wrong, no thread would be
-// active and the generated kernel's self-test against the interpreter would refuse it.
-template <int KS, int POOL, bool SPLIT = false>
+// active and the generated kernel's self-test against the interpreter would refuse it.  STAGED: the caller
+// knows that every block stages at least one input channel's weights a chunk (fit > 0: compiler/fused_tiles.py's
+// stages_all), so the split path's reads through the read-only cache are not compiled (NVRTC made a second
+// copy of wsplit_sums' loop for them); were it wrong, the block would store nothing, and the self-test refuse it.
+template <int KS, int POOL, bool SPLIT = false, bool STAGED = false>
 CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                             int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
     const int C = L.c, K = L.k, OH = L.oh, OW = L.ow;
@@ -152,6 +155,9 @@ CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *ne
     const int cs = (c_span + 3) / 4 * 4;
     const long fit = wcap / ((long)cs * kk);                   // input channels a chunk of staged weights holds
     const int chunk = fit <= 0 ? C : (fit < C ? (int)fit : C);
+    if constexpr (STAGED) {
+        if (fit <= 0) return;                                  // block-uniform (never, where STAGED is right)
+    }
     const int i = (int)(threadIdx.x % per), s = (int)(threadIdx.x / per);   // blockDim.x == kWsplitThreads
     const bool active = s < S && i < n_items;
     const long it = lo + (active ? i : 0);
@@ -160,7 +166,7 @@ CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *ne
     float acc[4][4] = {};
     for (int c0 = 0; c0 < C; c0 += chunk) {
         const int c1 = c0 + chunk < C ? c0 + chunk : C;
-        if (fit > 0) {                                         // stage [c_lo, c_lo + c_span) x [c0, c1) as [tap][cs]
+        if (STAGED || fit > 0) {                               // stage [c_lo, c_lo + c_span) x [c0, c1) as [tap][cs]
             if (c0 > 0) __syncthreads();                       // the last chunk's weights are read
             const int row = (c1 - c0) * kk, n = c_span * row;
             for (int e = threadIdx.x; e < n; e += blockDim.x) {
@@ -170,8 +176,8 @@ CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *ne
             __syncthreads();
         }
         if (active)
-            wsplit_sums<KS, POOL>(L, in, c0 + s, c1, S, POOL ? 2 * y0 : y0, POOL ? 2 * j : j, pxg,
-                                  fit > 0 ? wbuf + (co0 - c_lo) : nullptr, cs, c0, co0, acc);
+            wsplit_sums<KS, POOL, STAGED>(L, in, c0 + s, c1, S, POOL ? 2 * y0 : y0, POOL ? 2 * j : j, pxg,
+                                          STAGED || fit > 0 ? wbuf + (co0 - c_lo) : nullptr, cs, c0, co0, acc);
     }
     __syncthreads();                                           // every thread has read `in`: it is scratch now
     if (active) {
@@ -190,18 +196,20 @@ CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *ne
         if (POOL) {
             const int co = gm * 4 + v;
             if (co >= K) continue;
-            float sums[4];
+            // the S ways added in way order, each of the 4 sums apart (the same order as one sum at a time); the ways'
+            // loop held to 4 a round: S is a constant in a generated kernel, fully unrolled it was 13 % of the CNN's
+            // SASS and of NVRTC's time
+            float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int w = 0; w < S; ++w)
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                float sum = 0.0f;
-                for (int w = 0; w < S; ++w) sum += scratch[((long)w * 16 + v * 4 + p) * per + m];
-                sums[p] = sum;
-            }
+                for (int p = 0; p < 4; ++p) sums[p] += scratch[((long)w * 16 + v * 4 + p) * per + m];
             store_all(cluster, next, ranks, ((long)co * QH + ym) * QW + jm, pool4<POOL>(L, sums, co));
         } else {
             const int co = gm * 4 + v / 4, ox = jm + (v % 4) * pxg;
             if (co >= K || ox >= OW) continue;
             float sum = 0.0f;
+#pragma unroll 4
             for (int w = 0; w < S; ++w) sum += scratch[((long)w * 16 + v) * per + m];
             store_all(cluster, next, ranks, ((long)co * OH + ym) * OW + ox, epilogue(L, sum, co));
         }

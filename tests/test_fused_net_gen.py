@@ -50,9 +50,10 @@ def test_the_source_calls_each_layer_with_its_shapes_as_constants():
     assert "constexpr int BUF = 4704;" in text and f"{fused_net_gen.KERNEL_NAME}(" in text
     calls = [line.strip().split("(")[0] for line in text.splitlines()
              if line.strip().startswith(("conv_layer<", "conv_split<", "pool_layer(", "linear_layer("))]
-    convs = [fused_net_gen._call(d).split("(")[0] for d in bound if d["op"] == "conv"]
+    convs = [fused_net_gen._call(d, 8, 4704, 1234).split("(")[0] for d in bound if d["op"] == "conv"]
     assert calls == [convs[0], "pool_layer", convs[1], "pool_layer", "linear_layer", "linear_layer"]
-    assert all(c.endswith(", 5>") for c in convs), convs        # 5x5 kernels: the unrolled instance
+    # 5x5 kernels: the unrolled instance (STAGED after it where every block stages its weights in WCAP)
+    assert all(c.endswith((", 5>", ", 5, true>")) for c in convs), convs
     first = bound[0]
     assert (f"L.op = CYDNN_NET_CONV; L.tile = {first['tile']}; L.pool = 0; L.c = 1; L.h = 28; L.w = 28; L.k = {first['k']}; "
             f"L.oh = {first['oh']}; L.ow = {first['ow']}; L.kh = 5; L.kw = 5;") in text
@@ -74,7 +75,7 @@ def test_nvrtc_compiles_the_source_into_a_cubin(name):
 
 @needs_nvrtc
 @pytest.mark.parametrize("name", ["allconv", "odd"])
-def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
+def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name, monkeypatch):
     """The source names each convolution's template instance (tile and kernel size) instead of calling
     conv_dispatch (NVRTC then instantiates only those: 3.5-14 s -> 0.3-1 s): the PTX must be the
     dispatch's, instruction for instruction (virtual register numbers aside).  (Tile 7's instance gives
@@ -82,6 +83,10 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
     through two more inlined calls: test_fused_net_tiles.py checks its generated kernel's outputs against
     the interpreter's instead.)"""
     import re
+    from cydnn.compiler import fused_tiles
+    # the dispatch reads staged or not at run time; the source's STAGED instances compile the staged reads alone
+    # (test_staged_instances_compile_the_staged_reads_alone)
+    monkeypatch.setattr(fused_tiles, "stages_all", lambda *a: False)
     _, _, nodes, layers = _layers(name)
     bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
     direct = fused_net_gen.source(bound, 16, 1000, 4096, int(np.prod(nodes[0].in_shape[1:])),
@@ -99,6 +104,93 @@ def test_each_convolution_calls_the_instance_the_dispatch_would_reach(name):
                  if line.strip() and not line.startswith("//") and not line.strip().startswith((".loc", ".file"))]
         return [re.sub(r"%(f|r|rd|p|fd|rs)\d+", r"%\1", line) for line in lines]
     assert code(direct) == code(dispatched)
+
+
+def _device_stages_all(d, ranks, wcap):
+    """cpp/fused_net_conv.cuh's stage_weights for every block of the cluster (tiles 0-6), or conv_wsplit's chunk
+    of at least one input channel (tile 7: fit > 0), written out from the device code's arithmetic."""
+    from cydnn.compiler import fused_tiles
+    tile, kk = int(d.get("tile", 0)), d["kh"] * d["kw"]
+    tco, tp = next((c, p) for code, c, p, _ in fused_tiles.TILES if code == tile)
+    if tile == 7 and d.get("pool"):
+        row = (d["oh"] // 2) * (d["ow"] // 2)
+    else:
+        row = d["oh"] * -(-d["ow"] // tp)
+    items = -(-d["k"] // tco) * row
+    per = -(-items // ranks)
+    for rank in range(ranks):
+        lo, hi = per * rank, min(per * rank + per, items)
+        if hi <= lo:
+            continue
+        c_lo = lo // row * tco
+        cs = -(-(min(((hi - 1) // row + 1) * tco, d["k"]) - c_lo) // 4) * 4
+        if (tile == 7 and wcap // (cs * kk) <= 0) or (tile != 7 and cs * d["c"] * kk > wcap):
+            return False
+    return True
+
+
+def test_stages_all_is_the_devices_staging_for_every_block():
+    from cydnn.compiler import fused_tiles
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(400):
+        c, k, oh, ks = int(rng.integers(1, 40)), int(rng.integers(1, 70)), int(rng.integers(2, 20)), int(rng.choice([1, 3, 5]))
+        tile, pool = int(rng.choice([0, 1, 2, 3, 4, 5, 6, 7])), 0
+        if tile == 7 and rng.random() < 0.5:
+            pool = 2
+        d = dict(op="conv", c=c, k=k, oh=oh, ow=oh + int(rng.integers(0, 3)), kh=ks, kw=ks, tile=tile, pool=pool)
+        ranks = int(rng.choice([1, 2, 4, 8, 16]))
+        full = fused_tiles.staged(d, ranks)
+        for wcap in {0, 1, full // max(1, c), full // max(1, c) - 1, full - 1, full, full + 5, int(rng.integers(0, 4000))}:
+            want = _device_stages_all(d, ranks, max(0, wcap))
+            assert fused_tiles.stages_all(d, ranks, max(0, wcap)) == want, (d, ranks, wcap)
+            seen.add(want)
+    assert seen == {True, False}
+    assert not fused_tiles.stages_all(dict(op="linear", c=4, k=4), 16, 10 ** 6)
+
+
+def test_staged_instances_where_every_block_stages():
+    """STAGED (the last template argument) where every block of the cluster stages the layer's weights in WCAP;
+    without it where some block would read them through the read-only cache.  Tile 7 names SPLIT before it."""
+    from cydnn.compiler import fused_tiles
+    _, _, nodes, layers = _layers("lenet_widths")
+    for fold in (False, True):
+        bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+        if fold:
+            bound = [dict(bound[0], tile=7, pool=2), dict(bound[2], tile=7, pool=2)] + bound[4:]
+        convs = [d for d in bound if d["op"] == "conv"]
+        for wcap in (0, max(fused_tiles.staged(d, 16) for d in convs)):
+            text = fused_net_gen.source(bound, 16, wcap, 4704, 784, 10, True)
+            calls = [line.strip() for line in text.splitlines() if line.strip().startswith("conv_")]
+            assert len(calls) == len(convs)
+            for call, d in zip(calls, convs):
+                args = call.split("<")[1].split(">")[0].split(", ")
+                stages = fused_tiles.stages_all(d, 16, wcap)
+                assert stages == (wcap > 0)
+                if d["tile"] == 7:
+                    assert len(args) == (4 if stages else 2 + (fused_tiles.wsplit_ways(d, 16, 4704) >= 2))
+                    assert stages == (args[3:] == ["true"])
+                else:
+                    assert stages == (args[-1] == "true")
+    d = [dict(layer) for layer in bound if layer["op"] == "conv"][0]
+    assert fused_net_gen._call(d) == fused_net_gen._call(d, 16, 4704)      # no WCAP given: not STAGED
+
+
+@needs_nvrtc
+def test_staged_instances_compile_the_staged_reads_alone():
+    """A STAGED instance has no reads through the read-only cache in its convolution's loop: NVRTC no longer
+    compiles the path no block takes (docs/performance: session 31), so the cubin is smaller."""
+    from cydnn.compiler import fused_tiles
+    _, _, nodes, layers = _layers("lenet_widths")
+    bound = [fused_net.FusedNetwork._bind(layer, 16) for layer in layers]
+    bound = [dict(bound[0], tile=7, pool=2), dict(bound[2], tile=7, pool=2)] + bound[4:]
+    wcap = max(fused_tiles.staged(d, 16) for d in bound)
+    staged = fused_net_gen.source(bound, 16, wcap, 4704, 784, 10, True)
+    assert ", true, true>(" in staged
+    import re
+    unstaged = re.sub(r"(conv_wsplit<\d+, \d+, (true|false)), true>", r"\1>", staged)
+    assert unstaged != staged
+    assert len(fused_net_gen.compile_cubin(staged)) < len(fused_net_gen.compile_cubin(unstaged))
 
 
 @pytest.mark.parametrize("text, want", [(None, fused_net_gen.FAST_COMPILE_DEFAULT), ("", fused_net_gen.FAST_COMPILE_DEFAULT),

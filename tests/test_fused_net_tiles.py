@@ -94,7 +94,9 @@ def test_nvrtc_compiles_the_split_and_folded_instances_of_a_network(ranks):
     buf = -(-max([3 * 32 * 32] + [fused_tiles.size(d) for d in out]) // 4) * 4
     text = fused_net_gen.source(out, ranks, 4000, buf, 3 * 32 * 32, 10, True)
     convs = [line for line in text.splitlines() if "conv_wsplit<" in line]
-    split = [", true>(" in line for line in convs]
+    args = [line.split("conv_wsplit<")[1].split(">")[0].split(", ") for line in convs]    # KS, POOL[, SPLIT[, STAGED]]
+    split = [a[2:3] == ["true"] for a in args]
+    assert [a[3:] == ["true"] for a in args] == [fused_tiles.stages_all(d, ranks, 4000) for d in out if d["op"] == "conv"]
     assert split == [fused_tiles.wsplit_ways(d, ranks, buf) >= 2 for d in out if d["op"] == "conv"]
     assert any(split) == (ranks > 1) and all(split) == (ranks == 16)     # at 4 blocks: both kinds
     assert "conv_wsplit<3, %d" % _C.NET_OPS["avg_pool"] in convs[0] and "RANKS, red);" in text

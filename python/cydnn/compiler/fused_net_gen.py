@@ -64,23 +64,30 @@ _CONV = {7: ("conv_wsplit", ""), 6: ("conv_split", "16"), 5: ("conv_split", "8")
          2: ("conv_layer", "4, 1"), 1: ("conv_layer", "1, 4"), 0: ("conv_layer", "1, 1")}
 
 
-def _call(d, ranks=0, buf_floats=0):
+def _call(d, ranks=0, buf_floats=0, wcap=None):
     """The layer function call: for a convolution, the one template instance conv_dispatch and
     conv_sized / split_sized would reach for its tile and kernel size (instantiating only that one
     saves NVRTC most of its time).  Tile 7 on a cluster of ``ranks`` blocks with ``buf_floats`` of
     scratch: where its reduction splits 2 ways or more (fused_tiles.wsplit_ways, the device's
-    wsplit_ways), the instance says so (SPLIT) and its one-way paths are not compiled.  A linear layer
-    gets the scratch of its split between warps only where a block may split (fused_tiles.linear_splits)."""
+    wsplit_ways), the instance says so (SPLIT) and its one-way paths are not compiled.  Where every block
+    of the cluster stages the layer's weights in ``wcap`` floats (fused_tiles.stages_all), the instance says
+    so too (STAGED) and the reads through the read-only cache are not compiled: NVRTC had made a second copy
+    of the layer's inner loop for them, which no block ran.  A linear layer gets the scratch of its split
+    between warps only where a block may split (fused_tiles.linear_splits)."""
     if d["op"] == "linear" and not (ranks and fused_tiles.linear_splits(d, ranks)):
         return _CALLS["linear"].replace(", red);", ", nullptr);")    # no block splits: the split not compiled
     if d["op"] != "conv":
         return _CALLS[d["op"]]
     name, args = _CONV[int(d.get("tile", 0))]
     ks = d["kh"] if d["kh"] == d["kw"] and d["kh"] in (1, 3, 5) else 0
+    staged = ranks and wcap is not None and fused_tiles.stages_all(d, ranks, wcap)
     if not args:                      # conv_wsplit (its pooling folded in or 0): the layer's input buffer is its scratch
-        split = ", true" if ranks and fused_tiles.wsplit_ways(d, ranks, buf_floats) >= 2 else ""
-        return f"{name}<{ks}, {int(d.get('pool', 0))}{split}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
-    return f"{name}<{args}, {ks}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
+        split = ranks and fused_tiles.wsplit_ways(d, ranks, buf_floats) >= 2
+        flags = ", true" if split else ""
+        if staged:                    # (the one-way fallback, conv_layer<4, 4>, keeps its own check)
+            flags = f", {'true' if split else 'false'}, true"
+        return f"{name}<{ks}, {int(d.get('pool', 0))}{flags}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
+    return f"{name}<{args}, {ks}{', true' if staged else ''}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
 
 
 def _prelude(ranks, wcap, buf_floats):
@@ -94,7 +101,7 @@ def _prelude(ranks, wcap, buf_floats):
             "extern __shared__ float smem[];"]
 
 
-def _layer(i, d, ranks, buf_floats, arrays_from):
+def _layer(i, d, ranks, buf_floats, arrays_from, wcap=None):
     """The lines of layer ``i``: its table entry with the shapes as constants, then the call.  ``arrays_from``:
     where its arrays come from (``net.layers[i].`` in the kernel, or "" where they are the function's arguments)."""
     shape = " ".join(f"L.{f} = {int(d.get(f, 1 if f in _ONE else 0))};" for f in _SHAPE)
@@ -106,7 +113,7 @@ def _layer(i, d, ranks, buf_floats, arrays_from):
             f"L.num_epi = {len(epi)};" + "".join(f" L.epi[{s}] = {int(e)};" for s, e in enumerate(epi))
             + f" L.act = {int(d.get('act', 0))}; L.slope = {float(d.get('slope', 0.0))!r}f;"
             + f" L.bn_eps = {float(d.get('bn_eps', 0.0))!r}f;",
-            _call(d, ranks, buf_floats)]
+            _call(d, ranks, buf_floats, wcap)]
 
 
 def _kernel(in_size, out_size, softmax, body, last="cur"):
@@ -133,7 +140,7 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
     with every layer inlined (the "whole" form)."""
     body = []
     for i, d in enumerate(layers):
-        body += [f"    {{   // layer {i}: {d['op']}"] + ["        " + t for t in _layer(i, d, ranks, buf_floats, f"net.layers[{i}].")]
+        body += [f"    {{   // layer {i}: {d['op']}"] + ["        " + t for t in _layer(i, d, ranks, buf_floats, f"net.layers[{i}].", wcap)]
         body += ["        cluster.sync();", "        float *t = cur; cur = next; next = t;", "    }"]
     lines = _prelude(ranks, wcap, buf_floats) + ["__shared__ float red[32];"] + _kernel(in_size, out_size, softmax, body)
     return "\n".join(lines) + "\n"
@@ -165,7 +172,7 @@ def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax, groups=No
                 "    (void)rank; (void)wbuf; (void)next; (void)red;"]
         for i in range(a, b):
             text += [f"    {{   // layer {i}: {layers[i]['op']}"]
-            text += ["        " + t for t in _layer(i, layers[i], ranks, buf_floats, f"l{i}_")]
+            text += ["        " + t for t in _layer(i, layers[i], ranks, buf_floats, f"l{i}_", wcap)]
             if i + 1 < b:
                 text += ["        cluster.sync();", "        float *t = cur; cur = next; next = t;"]
             text += ["    }"]

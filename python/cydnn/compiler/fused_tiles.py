@@ -159,6 +159,20 @@ def staged(layer, ranks):
     return most
 
 
+def stages_all(layer, ranks, wcap):
+    """Whether every block of a cluster of ``ranks`` stages convolution ``layer``'s weights in ``wcap`` floats:
+    cpp/fused_net_conv.cuh's stage_weights (its rows of the channels a block touches, all input channels), or
+    for tile 7's split reduction (conv_wsplit) at least one input channel's taps a chunk.  A kernel generated
+    for one network then compiles the staged reads alone (STAGED: the loads through the read-only cache and
+    the loop copies NVRTC made for them are not compiled)."""
+    if layer["op"] != "conv":
+        return False
+    most = staged(dict(layer, tile=int(layer.get("tile", 0))), ranks)
+    if int(layer.get("tile", 0)) == 7:
+        most //= layer["c"]                            # one input channel's kh * kw taps of the block's channels
+    return most <= wcap
+
+
 # Timed choices, kept for the process: a network compiled again (a notebook's cell run twice, the tests, a
 # model rebuilt) takes the same tiles and folds without timing them again -- so the same generated source,
 # which the kernel cache (kernel_cache.py) then finds, and the same bits.  Keyed by the layers' shapes and

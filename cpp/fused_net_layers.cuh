@@ -177,7 +177,8 @@ CYDNN_NET_FN void load_input(const float *src, long in_size, float *cur, cg::clu
                            int ranks) {
     long lo, hi;
     share(in_size, rank, ranks, lo, hi);
-    // the values a thread holds: of the largest share (share's), kWsplitThreads threads (blockDim.x); a constant
+    // the values a thread holds: of the largest share (share's), kWsplitThreads threads (blockDim.x: every kernel
+    // that calls this one -- fused_net.cu's, fused_net_resident.cu's, fused_train.cu's -- asserts so); a constant
     // where in_size and ranks are (a generated kernel), so the slots past it and the loop below are not compiled
     const long per = (in_size + ranks - 1) / ranks;
     const int regs = (int)((per + kWsplitThreads - 1) / kWsplitThreads);

@@ -29,6 +29,8 @@
 namespace {
 
 constexpr const char *kOp = "fused_train_step";
+// load_input (fused_net_layers.cuh) sizes a thread's share of the image by kWsplitThreads threads a block
+static_assert(kTrainThreads == kWsplitThreads, "the train kernel's blocks are the forward layers' 512 threads");
 
 // The layout of the scratch and of the train kernel's shared memory, from the table.
 struct Layout {

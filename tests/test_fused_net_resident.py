@@ -93,6 +93,8 @@ def test_weights_changed_between_calls_are_read_again(monkeypatch):
     model, shape, net = _net("lenet_widths", monkeypatch)
     x = np.random.default_rng(8).standard_normal((1,) + shape).astype(np.float32)
     grads = [_C.to_device(np.full(p.data.shape, 0.01, np.float32)) for p in model.parameters()]
+    scratch = _C.to_device(np.zeros(4, np.float32))        # the update's kernel loaded before the resident one runs:
+    _C.sgd_update(scratch, scratch, None, 1.0, 0.0, 0.0, 0.0, False, True)   # a first launch may wait for the device
     _C.synchronize()                   # (an allocation may wait for the whole device: the kernel's idle time)
     before = net.run_host(x, 16)
     resident = net._residents[16]

@@ -363,7 +363,8 @@ def test_the_generated_kernel_of_split_and_folded_layers_gives_the_interpreters_
     text = fused_net_gen.source(bound, ranks, wcap, buf, net.in_size, net.out_size, False)
     convs = [line for line in text.splitlines() if "conv_wsplit<" in line]
     split = [fused_tiles.wsplit_ways(d, ranks, buf) >= 2 for d in bound if d["op"] == "conv"]
-    assert [", true>(" in line for line in convs] == split
+    flags = [line.split("conv_wsplit<", 1)[1].split(">(", 1)[0].split(", ") for line in convs]   # KS, POOL[, SPLIT[, STAGED]]
+    assert [len(f) > 2 and f[2] == "true" for f in flags] == split
     assert any(split) == (ranks > 1) and all(split) == (ranks == 16)      # at 4 blocks: both kinds of instance
     kernel = _C.NetKernel(fused_net_gen.compile_cubin(text), fused_net_gen.KERNEL_NAME, ranks)
     x = _C.to_device(np.random.default_rng(3).standard_normal(3 * net.in_size).astype(np.float32))

@@ -177,7 +177,8 @@ cydnnStatus_t cydnn_direct_conv_forward(cydnnContext *ctx, const cydnnConvGeomet
     const int oh = (g->h + 2 * g->pad_h - g->kh) / g->stride_h + 1;
     const int ow = (g->w + 2 * g->pad_w - g->kw) / g->stride_w + 1;
     const size_t total = (size_t)g->n * g->k * oh * ow;
-    CYDNN_LAUNCH(direct_conv_kernel, cydnn::blocks_for(total, 128), 128, 0, ctx->stream, x, w, b, y, *g, oh, ow, act, slope);
+    CYDNN_LAUNCH(direct_conv_kernel, cydnn::blocks_for(total, 128), 128, 0, ctx->stream, x, w, b, y, *g, oh, ow,
+                 act, slope);
     CYDNN_LAUNCH_CHECK(op, "direct_conv_kernel");
     return CYDNN_STATUS_SUCCESS;
 }

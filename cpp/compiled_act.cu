@@ -194,8 +194,8 @@ cydnnStatus_t with_channel_sums(cydnnContext *ctx, float *dbias, int channels, i
     launch(partial);
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && scratch != nullptr) {
-        CYDNN_LAUNCH(bias_sum_kernel, (channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0, ctx->stream,
-            partial, dbias, channels, chunks);
+        CYDNN_LAUNCH(bias_sum_kernel, (channels + kSumWarpsPerBlock - 1) / kSumWarpsPerBlock, kReduceThreads, 0,
+                     ctx->stream, partial, dbias, channels, chunks);
         e = cudaGetLastError();
     }
     if (scratch != nullptr) cydnn::pool_free(ctx, scratch);   // stream order (or the graph) keeps it safe

@@ -217,7 +217,8 @@ cydnnStatus_t conv_wgrad(cydnnContext *ctx, const cydnnConvGeometry *g, const fl
     CYDNN_LAUNCH(t.kernel, grid, (t.bo / 4) * (t.br / 4), 0, stream, a);
     CYDNN_LAUNCH_CHECK(op, "wgrad_kernel");
     if (used > 1) {
-        CYDNN_LAUNCH(wgrad_split_sum, (unsigned)((size + 31) / 32), dim3(32, kSumGroups), 0, stream, a.out, used, dw, size);
+        CYDNN_LAUNCH(wgrad_split_sum, (unsigned)((size + 31) / 32), dim3(32, kSumGroups), 0, stream, a.out, used, dw,
+                     size);
         CYDNN_LAUNCH_CHECK(op, "wgrad_split_sum");
     }
     return CYDNN_STATUS_SUCCESS;

@@ -140,8 +140,8 @@ cydnnStatus_t launch_cross_entropy(cydnnContext *ctx, const float *logits,
                                    const int32_t *labels, int n, int c, float *row_loss,
                                    float *loss, float *dlogits, int32_t *bad_labels) {
     const int rows_per_block = cydnn::kThreads / kWarp;
-    CYDNN_LAUNCH(cross_entropy_rows_kernel, cydnn::blocks_for((size_t)n, rows_per_block), cydnn::kThreads, 0, ctx->stream, logits, labels, n, c, row_loss, dlogits,
-                                                  bad_labels);
+    CYDNN_LAUNCH(cross_entropy_rows_kernel, cydnn::blocks_for((size_t)n, rows_per_block), cydnn::kThreads, 0,
+                 ctx->stream, logits, labels, n, c, row_loss, dlogits, bad_labels);
     CYDNN_LAUNCH_CHECK("softmax_cross_entropy", "cross_entropy_rows_kernel");
     CYDNN_LAUNCH(mean_kernel, 1, kReduceThreads, 0, ctx->stream, row_loss, n, loss);
     CYDNN_LAUNCH_CHECK("softmax_cross_entropy", "mean_kernel");

@@ -370,5 +370,7 @@ def test_the_generated_kernel_of_split_and_folded_layers_gives_the_interpreters_
     x = _C.to_device(np.random.default_rng(3).standard_normal(3 * net.in_size).astype(np.float32))
     want, got = _C.empty((3 * net.out_size,)), _C.empty((3 * net.out_size,))
     table.forward(x, want, 3, ranks)
+    other = _C.to_device(np.random.default_rng(4).standard_normal(3 * net.in_size).astype(np.float32))
+    table.forward(other, got, 3, ranks)          # what the kernel leaves unwritten (in `got`, in shared memory) is wrong
     table.forward(x, got, 3, ranks, kernel)
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)

@@ -20,10 +20,7 @@
 #include <string>
 #include <vector>
 
-static void check(cudaError_t e, const char *what, int line) {
-    if (e != cudaSuccess) fprintf(stderr, "line %d: %s: %s\n", line, what, cudaGetErrorString(e)), exit(2);
-}
-#define CK(x) check((x), #x, __LINE__)
+#include "dev_util.cuh"   // CK (a CUDA error: exit status 2), to_device
 
 struct Conv {
     const float *x, *w, *bias;   // x (n, c, h, w), w (k, c, 3, 3), bias (k)
@@ -383,13 +380,6 @@ static void conv_ref(const Layer &L, int oh, int ow, const std::vector<float> &x
                         }
                     y[((size_t)(n * L.k + k) * oh + oy) * ow + ox] = s > 0.0 ? s : 0.0;
                 }
-}
-
-static float *to_device(const std::vector<float> &h) {
-    float *d;
-    CK(cudaMalloc(&d, h.size() * 4));
-    CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    return d;
 }
 
 int main() {

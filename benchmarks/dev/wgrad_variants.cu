@@ -33,10 +33,7 @@ namespace cg = cooperative_groups;
 
 // ---------------------------------------------------------------------------------------------------------
 // Helpers: error checks, the library's pdl_wait (cpp/launch.cuh), a launch with PDL and an optional cluster.
-static void check(cudaError_t e, const char *what, int line) {
-    if (e != cudaSuccess) fprintf(stderr, "line %d: %s: %s\n", line, what, cudaGetErrorString(e)), exit(2);
-}
-#define CK(x) check((x), #x, __LINE__)
+#include "dev_util.cuh"   // CK (a CUDA error: exit status 2), to_device
 
 #include "../../cpp/launch.cuh"   // cydnn::pdl_wait, as the library's kernels wait
 
@@ -400,13 +397,6 @@ static void wgrad_ref(const Layer &L, int oh, int ow, const std::vector<float> &
                 for (int r = 0; r < R; ++r) row[r] += d * col[r];
             }
         }
-}
-
-static float *to_device(const std::vector<float> &h) {
-    float *d;
-    CK(cudaMalloc(&d, h.size() * 4));
-    CK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-    return d;
 }
 
 int main() {

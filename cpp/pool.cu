@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <new>
 
+#include "act_math.cuh"   // fits_32
 #include "common.cuh"
 #include "launch.cuh"
 #include "pool_tiles.cuh"
@@ -224,7 +225,7 @@ cydnnStatus_t max_pool_tiled_forward(cydnnContext *ctx, const cydnnPoolGeometry 
     const size_t total = (size_t)g->n * g->c * oh * ow;
     // 2x2 windows as float2: every row of x starts 8-byte aligned when x is (w is even)
     const int vec2 = g->kh == 2 && g->kw == 2 && reinterpret_cast<uintptr_t>(x) % 8 == 0;
-    if ((size_t)g->n * g->c * g->h * g->w < (size_t(1) << 32) - 65536)
+    if (cydnn::fits_32((size_t)g->n * g->c * g->h * g->w))
         CYDNN_LAUNCH(max_pool_tiled_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, y, (unsigned)total, ow, g->kh, g->kw, g->w, vec2);
     else
@@ -247,7 +248,7 @@ cydnnStatus_t max_pool_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, c
     const int ow = out_size(g->w, g->pad_w, g->kw, g->stride_w);
     const size_t planes = (size_t)g->n * g->c;
     const size_t total = planes * g->h * g->w;
-    if (total < (size_t(1) << 32) - 65536)
+    if (cydnn::fits_32(total))
         CYDNN_LAUNCH(max_pool_backward_kernel<unsigned>, cydnn::blocks_for(total), cydnn::kThreads, 0, ctx->stream,
             x, dy, dx, (unsigned)planes, g->h, g->w, oh, ow, g->kh, g->kw, g->stride_h, g->stride_w, g->pad_h,
             g->pad_w);

@@ -134,6 +134,10 @@ cydnnStatus_t cydnn_set_poison(cydnnContext *ctx, int on);
 cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes);
+/* Two device-to-device copies (dst0 <- src0, dst1 <- src1) in one kernel launch on the context's stream; the
+ * regions must not overlap.  Either size may be 0. */
+cydnnStatus_t cydnn_copy2_d2d(cydnnContext *ctx, void *dst0, const void *src0, size_t nbytes0, void *dst1,
+                              const void *src1, size_t nbytes1);
 cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes);
 /* Pinned host memory mapped into the device's address space (cudaHostAllocMapped): a kernel
  * reads and writes it over PCIe through *device, with no copy on the stream (for inputs and
@@ -509,6 +513,16 @@ cydnnStatus_t cydnn_bias_act_backward(cydnnContext *ctx, const float *y, const f
  * n, h, w (may be NULL).  g is bit for bit max_pool_backward followed by bias_act_backward. */
 cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *y,
                                           const float *dy, float *dx, float *dbias, int act, float slope);
+
+/* A training plan's head (compiled_head.cu): the last linear layer without activation and the softmax
+ * cross-entropy, forward and backward.  x (n, k), w (c, k), bias (c) or NULL, labels (n) int32;
+ * writes logits (n, c) = x w^T + bias, row_loss (n) (scratch), loss (one float, the mean),
+ * g (n, c) = (softmax(logits) - onehot(labels)) / n, dbias (c) = the sum of g's rows (may be NULL),
+ * dx (n, k) = g w (may be NULL), dw (c, k) = g^T x.  1 <= c <= 32.  A label out of
+ * [0, c) makes its row's loss and gradient NaN (as cydnn_softmax_cross_entropy).  Deterministic. */
+cydnnStatus_t cydnn_linear_xent(cydnnContext *ctx, const float *x, const float *w, const float *bias,
+                                const int32_t *labels, int n, int k, int c, float *logits, float *row_loss,
+                                float *loss, float *g, float *dbias, float *dx, float *dw);
 
 /* Batch normalization in training with its activation (compiled_norm.cu), x, y (n, channels, inner):
  * y = act(gamma (x - mean) inv_std + beta) with the batch's mean and biased var per channel;

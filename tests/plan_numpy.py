@@ -143,6 +143,19 @@ class NumpyPlan:
             b[s.args["dx"]][...] = dy @ w
         b[s.args["dw"]][...] = dw
 
+    def _linear_xent(self, s, b, lr):
+        a = s.args
+        x, w = b[s.reads[0]], b[s.reads[1]]
+        z = x @ w.T + (b[a["bias"]] if a["bias"] else np.float32(0))
+        loss, g = cpu.softmax_cross_entropy(z, b["labels"])
+        outs = {s.writes[0]: z, "loss": loss, s.writes[2]: g, a["dw"]: g.T @ x}
+        if a["dbias"]:
+            outs[a["dbias"]] = g.sum(axis=0)
+        if a["dx"]:
+            outs[a["dx"]] = g @ w
+        for name, v in outs.items():          # all computed first: none of them is read after a write
+            b[name][...] = v
+
     def _max_pool_backward(self, s, b, lr):
         x, dy = b[s.reads[0]], b[s.reads[1]]
         _, cache = cpu.max_pool_forward(x.copy(), s.args["kernel"], s.args["stride"], s.args["padding"])

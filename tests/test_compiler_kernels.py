@@ -27,7 +27,7 @@ GLOBALS = {m for text in SOURCES.values()
 FILE_OF = {"linear_forward": "linear.cu", "linear_backward": "linear.cu", "conv_forward": "conv.cu",
            "conv_bias_act": ("conv.cu", "compiled.cu", "compiled_act.cu"), "conv_backward": "conv.cu",
            "bias_act_forward": "compiled_act.cu", "bias_act_backward": "compiled_act.cu",
-           "max_pool_act_backward": "compiled_act.cu",
+           "max_pool_act_backward": "compiled_act.cu", "linear_xent": "compiled_head.cu",
            "max_pool_forward": "pool.cu", "avg_pool_forward": "pool.cu", "max_pool_backward": "pool.cu",
            "avg_pool_backward": "pool.cu", "batch_norm_forward": "batchnorm.cu",
            "bn_act_forward": "compiled_norm.cu", "bn_act_backward": "compiled_norm.cu",
@@ -97,8 +97,15 @@ def test_a_linear_layer_costs_one_gemm_forward_and_two_backward_but_the_first():
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 5), nn.ReLU(), nn.Linear(5, 3))
     plan = _build_plan(model, (1, 3, 4), 64, True, {})[0]
     gemms = {s.name: s.kernels.count("cublasLtMatmul") for s in plan.steps if "cublasLtMatmul" in s.kernels}
-    # forward: one GEMM per layer; backward: dW and dx, but the first layer's input gradient is not needed
-    assert gemms == {"1 forward + bias + relu": 1, "3 forward + bias": 1, "3 backward": 2, "1 backward": 1}
+    # forward: one GEMM per layer; backward: dW and dx, but the first layer's input gradient is not needed.  The
+    # last layer, the loss and their backward are the head (passes.fuse_head): two kernels of their own, or the
+    # steps it replaced (timed against them when bound)
+    assert gemms == {"1 forward + bias + relu": 1, "1 backward": 1}
+    head = next(s for s in plan.steps if s.kind == "linear_xent")
+    assert head.name == "3 forward + loss + 3 backward"
+    assert head.kernels == ("linear_xent_rows_kernel", "linear_xent_grads_kernel")
+    assert {s.name: s.kernels.count("cublasLtMatmul") for s in head.args["unfused"] if "cublasLtMatmul" in s.kernels} \
+        == {"3 forward + bias": 1, "3 backward": 2}
     assert math.prod((64, 5)) < lower.ACT_BACKWARD_CHUNK      # hence one activation-backward kernel
     act = next(s for s in plan.steps if s.kind == "bias_act_backward" and s.name.startswith("1 "))
     assert act.kernels == ("act_backward_partial_kernel",)

@@ -55,10 +55,9 @@ def test_training_steps_of_a_small_network():
         ("bn_act_forward", "5 batch_norm + sigmoid", ("a2", "5.weight", "5.bias", "5.running_mean", "5.running_var"),
          ("a3", "bnmean3", "bnistd3", "5.running_mean", "5.running_var"), bn),
         ("linear_forward", "8 forward", ("a4", "8.weight"), ("a5",), ("cublasLtMatmul",)),
-        ("linear_forward", "9 forward + bias", ("a5", "9.weight", "9.bias"), ("a6",), ("cublasLtMatmul",)),
-        ("softmax_cross_entropy", "loss", ("a6", "labels"), ("loss", "g6"), ("cross_entropy_rows_kernel", "mean_kernel")),
-        ("bias_act_backward", "9 bias backward", ("a6", "g6"), ("d:9.bias",), ("act_backward_partial_kernel",)),
-        ("linear_backward", "9 backward", ("a5", "9.weight", "g6"), ("g5", "d:9.weight"), ("cublasLtMatmul",) * 2),
+        ("linear_xent", "9 forward + loss + 9 backward", ("a5", "9.weight", "9.bias", "labels"),
+         ("a6", "loss", "g6", "rowloss", "d:9.bias", "g5", "d:9.weight"),
+         ("linear_xent_rows_kernel", "linear_xent_grads_kernel")),
         ("linear_backward", "8 backward", ("a4", "8.weight", "g5"), ("g4", "d:8.weight"), ("cublasLtMatmul",) * 2),
         ("bn_act_backward", "5 sigmoid + batch_norm backward", ("a2", "a3", "g3", "5.weight", "bnmean3", "bnistd3"),
          ("g2", "d:5.weight", "d:5.bias"), ("bn_grad_partial_kernel", "bn_dx_kernel")),
@@ -76,15 +75,24 @@ def test_training_steps_of_a_small_network():
     assert args[1] == dict(stride=(1, 1), padding=(0, 0), bias=None, act=4, slope=pytest.approx(0.2))
     assert args[2] == dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0))
     assert args[3] == dict(saved=("bnmean3", "bnistd3"), act=3, slope=0.0, eps=1e-5, momentum=pytest.approx(0.1))
-    assert args[4] == dict(bias=None, act=0) and args[5] == dict(bias="9.bias", act=0)   # the bias: Lt's epilogue
-    assert args[7] == dict(act=0, slope=0.0, dx=None, dbias="d:9.bias")
-    assert args[8] == dict(dx="g5", dw="d:9.weight")
-    assert args[10] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
+    assert args[4] == dict(bias=None, act=0)
+    # the last layer, the loss and their backward: one step (passes.fuse_head), which keeps the four it replaced
+    unfused = args[5].pop("unfused")
+    assert args[5] == dict(bias="9.bias", dbias="d:9.bias", dx="g5", dw="d:9.weight", row_loss="rowloss")
+    assert [(u.kind, u.name, u.reads, u.writes, u.kernels) for u in unfused] == [
+        ("linear_forward", "9 forward + bias", ("a5", "9.weight", "9.bias"), ("a6",), ("cublasLtMatmul",)),
+        ("softmax_cross_entropy", "loss", ("a6", "labels"), ("loss", "g6"), ("cross_entropy_rows_kernel", "mean_kernel")),
+        ("bias_act_backward", "9 bias backward", ("a6", "g6"), ("d:9.bias",), ("act_backward_partial_kernel",)),
+        ("linear_backward", "9 backward", ("a5", "9.weight", "g6"), ("g5", "d:9.weight"), ("cublasLtMatmul",) * 2)]
+    assert [u.args for u in unfused] == [dict(bias="9.bias", act=0), {}, dict(act=0, slope=0.0, dx=None,
+                                                                               dbias="d:9.bias"),
+                                         dict(dx="g5", dw="d:9.weight")]   # the bias: Lt's epilogue
+    assert args[7] == dict(x="a2", y="a3", dy="g3", gamma="5.weight", act=3, slope=0.0, dx="g2",
                             grads=("d:5.weight", "d:5.bias"), saved=("bnmean3", "bnistd3"))
     # the pooling's backward and the leaky ReLU's before it: one kernel (passes.fuse_backward; 4x4 planes, 2x2)
-    assert args[11] == dict(kernel=(2, 2), act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
-    assert args[12] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
-    assert args[14] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
+    assert args[8] == dict(kernel=(2, 2), act=4, slope=pytest.approx(0.2), dx="g1", dbias=None)
+    assert args[9] == dict(stride=(1, 1), padding=(0, 0), dx="g0", dw="d:2.weight")
+    assert args[11] == dict(stride=(1, 1), padding=(1, 1), dx=None, dw="d:0.weight")
     b = plan.buffers
     assert (b["x"].shape, b["x"].role) == ((2, 1, 6, 6), "input")
     assert (b["labels"].shape, b["labels"].dtype, b["labels"].role) == ((2,), "int32", "label")

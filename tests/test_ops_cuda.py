@@ -520,3 +520,19 @@ def test_gather_batch_bad_device_index_reads_nothing(rng):
     assert np.isnan(x[1]).all() and np.isnan(x[2]).all() and np.isfinite(x[[0, 3]]).all()
     with pytest.raises(ValueError, match=r"labels\[1\] = -1 is out of range"):
         cuda.softmax_cross_entropy(cydnn.to_device(f32(rng, 4, 10)), cydnn.to_device(y))
+
+
+@pytest.mark.parametrize("shapes", [((64, 1, 28, 28), (64,)), ((3, 5), (7,)), ((0,), (9,))])
+def test_copy2_into_copies_both_arrays_in_one_launch(shapes):
+    """The compiled step's feed (cpp/memory.cu's copy2_kernel): both copies exact, the 16-byte path (whole float4
+    rows) and the byte path (a 60-byte and a 28-byte region), an empty first copy; mismatched shapes refused."""
+    from cydnn import _C
+    rng = np.random.default_rng(len(shapes[0]))
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.integers(-5, 5, shapes[1]).astype(np.int32)
+    da, db = _C.empty(a.shape), _C.empty(b.shape, np.int32)
+    _C.copy2_into(da, cydnn.to_device(a), db, cydnn.to_device(b))
+    np.testing.assert_array_equal(da.numpy(), a)
+    np.testing.assert_array_equal(db.numpy(), b)
+    with pytest.raises(ValueError, match="copy2_into: dst is float32"):
+        _C.copy2_into(_C.empty((2, 2)), cydnn.to_device(np.zeros((4,), np.float32)), db, cydnn.to_device(b))

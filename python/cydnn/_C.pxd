@@ -63,6 +63,8 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_memcpy_h2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_memcpy_d2h(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_memcpy_d2d(cydnnContext *ctx, void *dst, const void *src, size_t nbytes)
+    cydnnStatus_t cydnn_copy2_d2d(cydnnContext *ctx, void *dst0, const void *src0, size_t nbytes0, void *dst1,
+                                  const void *src1, size_t nbytes1)
     cydnnStatus_t cydnn_memset(cydnnContext *ctx, void *dst, int byte_value, size_t nbytes)
     cydnnStatus_t cydnn_host_alloc_mapped(cydnnContext *ctx, size_t nbytes, void **host, void **device)
     cydnnStatus_t cydnn_host_free(void *host)
@@ -268,6 +270,9 @@ cdef extern from "cydnn.h" nogil:
                                           float *dbias, int n, int channels, size_t inner, int act, float slope)
     cydnnStatus_t cydnn_max_pool_act_backward(cydnnContext *ctx, const cydnnPoolGeometry *g, const float *y,
                                               const float *dy, float *dx, float *dbias, int act, float slope)
+    cydnnStatus_t cydnn_linear_xent(cydnnContext *ctx, const float *x, const float *w, const float *bias,
+                                    const int32_t *labels, int n, int k, int c, float *logits, float *row_loss,
+                                    float *loss, float *g, float *dbias, float *dx, float *dw)
     cydnnStatus_t cydnn_bn_act_forward_train(cydnnContext *ctx, const float *x, const float *gamma,
                                              const float *beta, float *running_mean, float *running_var,
                                              double factor, double eps, float *y, float *save_mean,

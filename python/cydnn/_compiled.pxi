@@ -1,4 +1,5 @@
-# _compiled.pxi -- wrappers of the compiler's kernels (cpp/compiled.cu, compiled_act.cu, compiled_norm.cu),
+# _compiled.pxi -- wrappers of the compiler's kernels (cpp/compiled.cu, compiled_act.cu, compiled_head.cu,
+# compiled_norm.cu),
 # included by _C.pyx.
 # The compiler (python/cydnn/compiler/) calls these with buffers it planned once.
 
@@ -39,6 +40,29 @@ def max_pool_act_backward(DeviceArray y not None, DeviceArray dy not None, Devic
     check(cydnn_max_pool_act_backward(ctx(), &g, f32(y, "y"), f32(dy, "dy"), f32(dx, "dx"),
                                       f32_or_null(dbias, "dbias"), act, slope), op)
 
+
+
+def linear_xent(DeviceArray x not None, DeviceArray w not None, DeviceArray bias, DeviceArray labels not None,
+                DeviceArray logits not None, DeviceArray row_loss not None, DeviceArray loss not None,
+                DeviceArray g not None, DeviceArray dbias, DeviceArray dx, DeviceArray dw not None):
+    """A training plan's head (cpp/compiled_head.cu): the last linear layer and the softmax cross-entropy, forward
+    and backward.  x (n, k), w (c, k), bias (c,) or None, labels (n,) int32; writes logits (n, c), row_loss (n,),
+    loss (), g (n, c) (the logits' gradient), dbias (c,) or None, dx (n, k) or None, dw (c, k).
+    1 <= c <= 32."""
+    op = "linear_xent"
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: x (n, k) and w (c, k) must share k, got x {x.shape}, w {w.shape}")
+    n, k, c = x.shape[0], x.shape[1], w.shape[0]
+    if not 1 <= c <= 32:
+        raise ValueError(f"{op}: needs 1 <= c <= 32 classes, got x {x.shape}, w {w.shape}")
+    for name, a, shape in (("bias", bias, (c,)), ("labels", labels, (n,)), ("logits", logits, (n, c)),
+                           ("row_loss", row_loss, (n,)), ("loss", loss, ()), ("g", g, (n, c)),
+                           ("dbias", dbias, (c,)), ("dx", dx, (n, k)), ("dw", dw, (c, k))):
+        if a is not None and tuple(a.shape) != shape and not (shape == () and a.size == 1):
+            raise ValueError(f"{op}: {name} must have shape {shape} (x {x.shape}, w {w.shape}), got {a.shape}")
+    check(cydnn_linear_xent(ctx(), f32(x, "x"), f32(w, "w"), f32_or_null(bias, "bias"), i32(labels, "labels"), n, k,
+                            c, f32(logits, "logits"), f32(row_loss, "row_loss"), f32(loss, "loss"), f32(g, "g"),
+                            f32_or_null(dbias, "dbias"), f32_or_null(dx, "dx"), f32(dw, "dw")), op)
 
 
 def bn_act_forward_train(DeviceArray x not None, DeviceArray gamma not None, DeviceArray beta not None,
@@ -134,6 +158,16 @@ def copy_into(DeviceArray dst not None, DeviceArray src not None):
         raise ValueError(f"copy_into: dst is {dst.dtype} {dst.shape}, src is {src.dtype} {src.shape}")
     if dst.nbytes:
         check(cydnn_memcpy_d2d(ctx(), dst.data(), src.data(), dst.nbytes), "copy_into")
+
+
+def copy2_into(DeviceArray dst0 not None, DeviceArray src0 not None, DeviceArray dst1 not None,
+               DeviceArray src1 not None):
+    """dst0[...] = src0 and dst1[...] = src1 (device to device, asynchronous) in one kernel launch."""
+    for a, b in ((dst0, src0), (dst1, src1)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ValueError(f"copy2_into: dst is {a.dtype} {a.shape}, src is {b.dtype} {b.shape}")
+    check(cydnn_copy2_d2d(ctx(), dst0.data(), src0.data(), dst0.nbytes, dst1.data(), src1.data(), dst1.nbytes),
+          "copy2_into")
 
 
 def fold_batch_norm(DeviceArray w not None, DeviceArray b, DeviceArray gamma not None, DeviceArray beta not None,

@@ -13,7 +13,7 @@ from .. import _C
 from ..nn.module import structure_version
 from .executor import Bound
 from .lower import lower_inference, lower_training
-from .passes import fuse, fuse_backward, plan_memory
+from .passes import fuse, fuse_backward, fuse_head, plan_memory
 from .trace import trace
 
 __all__ = ["Signature", "signature", "module_buffers"]
@@ -110,6 +110,7 @@ def _build_plan(model, input_shape, batch, training, options, softmax=False):
     groups = fuse(nodes, enabled=options.get("fuse", True), log=plan_log, training=training)
     if training:
         plan = fuse_backward(lower_training(groups, nodes, batch, log=plan_log), enabled=options.get("fuse", True))
+        plan = fuse_head(plan, enabled=options.get("fuse", True))
     else:
         plan = lower_inference(groups, nodes, batch, softmax=softmax, log=plan_log)
     plan_memory(plan, enabled=options.get("memory", True))

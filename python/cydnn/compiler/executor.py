@@ -254,6 +254,26 @@ def _linear_backward(b, s):
     return _C.linear_backward, args + (tiles[_choose(s, candidates, kernels, "CYDNN_LINEAR")],)
 
 
+def _run_calls(calls):
+    for fn, args in calls:
+        fn(*args)
+
+
+def _linear_xent(b, s):
+    """The head (passes.fuse_head): cpp/compiled_head.cu's two kernels, or the four steps it replaced
+    (``args["unfused"]``, each bound and tuned as the plan would), whichever is faster replayed."""
+    a = s.args
+    args = (b[s.reads[0]], b[s.reads[1]], b.get(a["bias"]), b["labels"], b[s.writes[0]], b[a["row_loss"]],
+            b["loss"], b[s.writes[2]], b.get(a["dbias"]), b.get(a["dx"]), b[a["dw"]])
+    steps = a["unfused"]
+    calls = [DISPATCH[u.kind](b, u) for u in steps]
+    candidates = {"fused": lambda: _C.linear_xent(*args), "library": lambda: _run_calls(calls)}
+    kernels = {"fused": s.kernels, "library": sum((u.kernels for u in steps), ())}
+    if _choose(s, candidates, kernels, "CYDNN_LINEAR") == "fused":
+        return _C.linear_xent, args
+    return _run_calls, (calls,)
+
+
 #: step kind -> function(bound arrays, step) -> (library function, its arguments)
 DISPATCH = {
     "conv_forward": _conv_forward,
@@ -275,6 +295,7 @@ DISPATCH = {
         b[s.reads[0]].shape[0], b[s.reads[0]].shape[1], _inner(b[s.reads[0]]), s.args["act"], s.args["slope"])),
     "conv_backward": _conv_backward,
     "linear_backward": _linear_backward,
+    "linear_xent": _linear_xent,
     "max_pool_act_backward": lambda b, s: (_C.max_pool_act_backward, (
         b[s.reads[0]], b[s.reads[1]], b[s.args["dx"]], b.get(s.args["dbias"]), s.args["kernel"], s.args["act"],
         s.args["slope"])),

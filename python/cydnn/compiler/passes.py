@@ -14,6 +14,12 @@ its input, back-propagated right before the activation (and bias) it follows, be
 gradient through the activation's derivative and adds it to the bias sums, where the two steps
 wrote the pooling's input gradient, read it back, and wrote it again.
 
+The head (:func:`fuse_head`): the last linear layer without activation, the softmax cross-entropy,
+that layer's bias gradient and its backward -- four steps, six kernels, each waiting for the one
+before -- become ONE step (``linear_xent``, cpp/compiled_head.cu) of two kernels where the layer
+has at most 32 outputs (classes).  The executor
+times it against the four steps' library calls on the same buffers and keeps the faster.
+
 Memory (:func:`plan_memory`): every arena buffer lives from the first step that touches
 it to the last; buffers whose lives do not overlap share bytes.  Placement is greedy,
 largest first, at the lowest offset that overlaps no live neighbour (aligned to 256 B).
@@ -22,7 +28,7 @@ reuse bug).
 """
 from .ir import ARENA_ROLES, Step
 
-__all__ = ["fuse", "fuse_backward", "plan_memory", "FUSE_AFTER", "ACTIVATIONS", "ACT_BACKWARD_CHUNK"]
+__all__ = ["fuse", "fuse_backward", "fuse_head", "plan_memory", "FUSE_AFTER", "ACTIVATIONS", "ACT_BACKWARD_CHUNK"]
 
 #: activation op -> the act code of cydnn_bias_act_* (cpp/cydnn.h)
 ACTIVATIONS = {"relu": 1, "tanh": 2, "sigmoid": 3, "leaky_relu": 4}
@@ -97,6 +103,54 @@ def fuse_backward(plan, enabled=True):
         steps.append(s)
         i += 1
     plan.steps = steps
+    return plan
+
+
+#: the classes cpp/compiled_head.cu takes (a lane of one warp each in the softmax)
+HEAD_MAX_CLASSES = 32
+
+
+def fuse_head(plan, enabled=True):
+    """Training: ``linear_forward`` (no activation) of the logits, ``softmax_cross_entropy``, the layer's
+    ``bias_act_backward`` (its bias gradient alone, if it has a bias) and its ``linear_backward`` become one
+    ``linear_xent`` step, where the logits are (n, c) with c <= 32."""
+    if not enabled:
+        return plan
+    at = next((i for i, s in enumerate(plan.steps) if s.kind == "softmax_cross_entropy"), None)
+    if at is None or at == 0:
+        return plan
+    fwd, loss = plan.steps[at - 1], plan.steps[at]
+    logits, g = loss.reads[0], loss.writes[1]
+    if fwd.kind != "linear_forward" or fwd.writes != (logits,) or fwd.args.get("act", 0) != 0:
+        return plan
+    n, c = plan.buffers[logits].shape
+    if c > HEAD_MAX_CLASSES:
+        plan.log.append(f"head: not fused ({c} classes: the fused head takes at most {HEAD_MAX_CLASSES})")
+        return plan
+    src, w = fwd.reads[0], fwd.reads[1]
+    bias = fwd.args.get("bias")
+    rest = plan.steps[at + 1:]
+    dbias = None
+    if rest and rest[0].kind == "bias_act_backward" and rest[0].reads == (logits, g):
+        if rest[0].args["act"] != 0 or rest[0].args["dx"] is not None:
+            return plan
+        dbias = rest[0].args["dbias"]
+        rest = rest[1:]
+    if (bias is None) != (dbias is None) or not rest or rest[0].kind != "linear_backward" \
+            or rest[0].reads != (src, w, g):
+        return plan
+    back = rest[0]
+    row_loss = plan.buffer("rowloss", (n,), role="scratch")
+    name = fwd.name.split()[0]
+    writes = (logits, "loss", g, row_loss) + ((dbias,) if dbias else ()) + \
+        ((back.args["dx"],) if back.args["dx"] else ()) + (back.args["dw"],)
+    step = Step("linear_xent", f"{name} forward + loss + {name} backward",
+                (src, w) + ((bias,) if bias else ()) + ("labels",), writes,
+                ("linear_xent_rows_kernel", "linear_xent_grads_kernel"),
+                dict(bias=bias, dbias=dbias, dx=back.args["dx"], dw=back.args["dw"], row_loss=row_loss,
+                     unfused=(fwd, loss) + ((plan.steps[at + 1],) if dbias else ()) + (back,)))
+    plan.steps = plan.steps[:at - 1] + [step] + rest[1:]
+    plan.log.append(f"fuse: {fwd.name} + loss + {name} backward -> one step of two kernels (linear_xent)")
     return plan
 
 

@@ -2,8 +2,9 @@
 import numpy as np
 
 from . import _check
+from .cpu import dense
 
-__all__ = ["fused_mlp_forward"]
+__all__ = ["fused_mlp_forward", "linear_xent"]
 
 
 def fused_mlp_forward(x, weights, biases=None):
@@ -22,3 +23,14 @@ def fused_mlp_forward(x, weights, biases=None):
         if i < len(weights) - 1:
             h = np.maximum(h, 0)
     return h
+
+
+def linear_xent(x, w, bias, labels):
+    """The reference of the compiled plan's head (cpp/compiled_head.cu): the last linear layer and the softmax
+    cross-entropy, forward and backward, composed from the op twins.  x (n, k), w (c, k), bias (c,) or None,
+    labels (n,) in [0, c).  Returns (logits, loss, g, dbias, dx, dw): logits = x w^T + bias, the mean loss,
+    g = (softmax(logits) - onehot(labels)) / n, dbias = sum of g's rows (None without bias), dx = g w, dw = g^T x."""
+    logits, cache = dense.linear_forward(x, w, bias)
+    loss, g = dense.softmax_cross_entropy(logits, labels)
+    dx, dw, dbias = dense.linear_backward(g, cache)
+    return logits, loss, g, dbias, dx, dw

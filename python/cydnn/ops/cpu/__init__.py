@@ -46,7 +46,7 @@ Speed
     on one BLAS thread below ``_threads.PARALLEL_FLOPS`` (a busy machine
     otherwise stalls the BLAS's spinning threads).
 """
-from ..fused_cpu import fused_mlp_forward
+from ..fused_cpu import fused_mlp_forward, linear_xent
 from .arrays import asarray, empty, to_numpy, zeros, zeros_like
 from .conv import conv_backward, conv_forward
 from .data import gather_batch, gather_batch_chw
@@ -69,7 +69,7 @@ __all__ = [
     "global_avg_pool_forward", "global_avg_pool_backward",
     "tanh_forward", "tanh_backward",
     "sigmoid_forward", "sigmoid_backward",
-    "dropout_forward", "dropout_backward", "splitmix64", "fused_mlp_forward",
+    "dropout_forward", "dropout_backward", "splitmix64", "fused_mlp_forward", "linear_xent",
     "linear_forward", "linear_backward",
     "softmax", "log_softmax", "softmax_cross_entropy",
     "flatten",

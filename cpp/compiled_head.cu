@@ -19,7 +19,7 @@
 //      first warp (a lane per class) then takes the row's softmax, loss and gradient exactly as
 //      loss.cu's cross_entropy_rows_kernel does.
 //   2. linear_xent_grads_kernel: block 0 averages the row losses (mean_kernel's order: the same bits)
-//      and sums dbias over the rows in order; every other block owns 32 columns of x, a lane per column
+//      and sums dbias (each warp an eighth of the rows, then the warps in order); every other block owns 32 columns of x, a lane per column
 //      keeping W's column in registers: each of its 8 warps walks an eighth of the rows in order, writing
 //      dx[i, col] and adding g[i, j] * x[i, col] into its dw sums; the warps' sums are then added in
 //      warp order in shared memory -- a fixed order, so the same bits every run, no atomics, no second
@@ -40,7 +40,7 @@
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowThreads = 256;
+constexpr int kRowThreads = 512;          // 16 warps a row: more loads in flight on its SM
 constexpr int kRowWarps = kRowThreads / kWarp;
 constexpr int kRowUnroll = 4;              // columns a thread loads before it multiplies (loads in flight)
 constexpr int kGradThreads = 256;          // also the loss tree's width: mean_kernel's kReduceThreads
@@ -141,10 +141,19 @@ linear_xent_grads_kernel(const float *__restrict__ x, const float *__restrict__ 
             __syncthreads();
         }
         if (t == 0) *loss = partial[0] / (float)n;
-        if (dbias != nullptr && t < c) {
-            float b = 0.0f;
-            for (int i = 0; i < n; ++i) b += g[(size_t)i * c + t];
-            dbias[t] = b;
+        if (dbias == nullptr) return;
+        // dbias: warp q sums rows q, q + 8, ... of class `lane`; then the 8 warps' sums in warp order
+        __shared__ float bsum[kGradWarps][kWarp];
+        const int lane = t % kWarp, warp = t / kWarp;
+        float b = 0.0f;
+        if (lane < c)
+            for (int i = warp; i < n; i += kGradWarps) b += g[(size_t)i * c + lane];
+        bsum[warp][lane] = b;
+        __syncthreads();
+        if (t < c) {
+            float total = 0.0f;
+            for (int q = 0; q < kGradWarps; ++q) total += bsum[q][t];
+            dbias[t] = total;
         }
         return;
     }

@@ -60,7 +60,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // C: the accumulators a thread keeps (16 or 32), c <= C the classes.  The rows of W past c are read as row c - 1
 // (no predicate between a load and its issue: every load of an unrolled step is in flight at once); their sums are
-// never used.
+// never used.  A column past k is read as column 0 and its bits masked to +0 after the load: x there is 0, and
+// 0 * W[j, 0] would be NaN where that weight is infinite (numpy's logit is then +-inf, not NaN).
 template <int C>
 __global__ void __launch_bounds__(kRowThreads)
 linear_xent_rows_kernel(const float *__restrict__ x, const float *__restrict__ w, const float *__restrict__ bias,
@@ -80,9 +81,10 @@ linear_xent_rows_kernel(const float *__restrict__ x, const float *__restrict__ w
             const int col = base + u * kRowThreads;
             const bool in = col < k;
             const int at = in ? col : 0;
+            const unsigned keep = in ? ~0u : 0u;      // a column past k: W read as +0 (0 * inf would be NaN)
             xv[u] = in ? xr[at] : 0.0f;
 #pragma unroll
-            for (int j = 0; j < C; ++j) wv[u][j] = w[(size_t)min(j, c - 1) * k + at];
+            for (int j = 0; j < C; ++j) wv[u][j] = __uint_as_float(__float_as_uint(w[(size_t)min(j, c - 1) * k + at]) & keep);
         }
 #pragma unroll
         for (int u = 0; u < kRowUnroll; ++u)

@@ -86,6 +86,26 @@ def test_a_label_out_of_range_makes_its_row_nan():
 
 
 @gpu
+@pytest.mark.parametrize("sign", [1, -1])
+def test_an_infinite_weight_gives_the_logits_numpy_gives(sign):
+    """A weight of +-inf in the first column (k = 128: most of a row's 512 threads own no column): the logit it feeds
+    is +-inf, as numpy's product gives it, not NaN -- a thread without a column adds nothing, not 0 * W[j, 0]; with
+    -inf that class has probability 0 and the loss stays finite where no label is that class."""
+    x, w, b, labels = _data(4, 128, 10, seed=6)
+    x[:, 0] = np.abs(x[:, 0]) + 1
+    w[2, 0] = sign * np.inf
+    labels[labels == 2] = 3
+    got = _run(x, w, b, labels)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert np.array_equal(np.isinf(got["logits"]), np.isinf(want)) and np.isinf(want[:, 2]).all()
+    assert np.array_equal(np.sign(got["logits"][:, 2]), np.sign(want[:, 2])) and not np.isnan(got["logits"]).any()
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got["logits"][finite], want[finite], rtol=1e-5, atol=1e-5)
+    if sign < 0:
+        assert np.isfinite(got["loss"]) and got["g"][:, 2].tolist() == [0.0] * 4
+
+
+@gpu
 def test_the_head_refuses_what_it_cannot_compute():
     from cydnn import _C
     e = _C.empty

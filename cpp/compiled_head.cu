@@ -36,6 +36,7 @@
 
 #include "common.cuh"
 #include "launch.cuh"
+#include "mean_tree.cuh"
 
 namespace {
 
@@ -43,7 +44,7 @@ constexpr int kWarp = 32;
 constexpr int kRowThreads = 512;          // 16 warps a row: more loads in flight on its SM
 constexpr int kRowWarps = kRowThreads / kWarp;
 constexpr int kRowUnroll = 4;              // columns a thread loads before it multiplies (loads in flight)
-constexpr int kGradThreads = 256;          // also the loss tree's width: mean_kernel's kReduceThreads
+constexpr int kGradThreads = cydnn::kMeanThreads;   // also the loss tree's width (mean_tree.cuh)
 constexpr int kGradWarps = kGradThreads / kWarp;
 constexpr int kGradRows = 8;               // rows of x a warp loads before it multiplies
 constexpr int kMaxClasses = 32;            // a lane per class in the softmax
@@ -134,15 +135,8 @@ linear_xent_grads_kernel(const float *__restrict__ x, const float *__restrict__ 
     const int t = threadIdx.x;
     if (blockIdx.x == 0) {
         __shared__ float partial[kGradThreads];
-        float sum = 0.0f;
-        for (int i = t; i < n; i += kGradThreads) sum += row_loss[i];
-        partial[t] = sum;
-        __syncthreads();
-        for (int half = kGradThreads / 2; half > 0; half /= 2) {
-            if (t < half) partial[t] += partial[t + half];
-            __syncthreads();
-        }
-        if (t == 0) *loss = partial[0] / (float)n;
+        const float mean = cydnn::mean_tree(row_loss, n, partial);      // mean_kernel's order: the same bits
+        if (t == 0) *loss = mean;
         if (dbias == nullptr) return;
         // dbias: warp q sums rows q, q + 8, ... of class `lane`; then the 8 warps' sums in warp order
         __shared__ float bsum[kGradWarps][kWarp];

@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "launch.cuh"
+#include "mean_tree.cuh"
 
 namespace {
 
@@ -117,22 +118,14 @@ __global__ void cross_entropy_rows_kernel(const float *logits, const int32_t *la
 // Kernel 2: *loss = mean of the n per-row losses, in ONE block of
 // kReduceThreads threads.  Thread t first sums rows t, t + kReduceThreads, ...
 // in order, then a shared-memory tree halves the partial sums until one is
-// left.  Fixed order throughout: the same bits every run.
-constexpr int kReduceThreads = 256;  // a power of two (the tree halves it)
+// left.  Fixed order throughout: the same bits every run (mean_tree.cuh, which compiled_head.cu shares).
+constexpr int kReduceThreads = cydnn::kMeanThreads;
 
 __global__ void mean_kernel(const float *row_loss, int n, float *loss) {
     cydnn::pdl_wait();
     __shared__ float partial[kReduceThreads];
-    const int t = threadIdx.x;
-    float sum = 0.0f;
-    for (size_t i = t; i < (size_t)n; i += kReduceThreads) sum += row_loss[i];
-    partial[t] = sum;
-    __syncthreads();
-    for (int half = kReduceThreads / 2; half > 0; half /= 2) {
-        if (t < half) partial[t] += partial[t + half];
-        __syncthreads();
-    }
-    if (t == 0) *loss = partial[0] / (float)n;
+    const float mean = cydnn::mean_tree(row_loss, n, partial);
+    if (threadIdx.x == 0) *loss = mean;
 }
 
 // The two launches, on a temporary row_loss buffer the caller owns.

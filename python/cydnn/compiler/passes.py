@@ -17,8 +17,8 @@ wrote the pooling's input gradient, read it back, and wrote it again.
 The head (:func:`fuse_head`): the last linear layer without activation, the softmax cross-entropy,
 that layer's bias gradient and its backward -- four steps, six kernels, each waiting for the one
 before -- become ONE step (``linear_xent``, cpp/compiled_head.cu) of two kernels where the layer
-has at most 32 outputs (classes).  The executor
-times it against the four steps' library calls on the same buffers and keeps the faster.
+has at most 32 outputs (classes).  The executor times it against the four steps' library calls on
+the same buffers and keeps the faster.
 
 Memory (:func:`plan_memory`): every arena buffer lives from the first step that touches
 it to the last; buffers whose lives do not overlap share bytes.  Placement is greedy,

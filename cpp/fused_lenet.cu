@@ -20,8 +20,14 @@
 //   h2 84, z 32 (forward), then dp1, dp2, dh1, dh2, dz and the max-pool
 //   argmax bytes (training).  Backward overwrites a1/a2 with their gradients.
 //
-// This file: inference (forward_kernel).  The training step's kernels are in
+// This file: inference.  forward_kernel: G images a block; cluster_forward_kernel, for a few images (n <=
+// CYDNN_LENET_CLUSTER_MAX, default 16, on sm_90): one image on a cluster of four blocks that split every layer
+// (fused_lenet_cluster.cuh), the one-image predict's latency.  The training step's kernels are in
 // fused_lenet_train.cu; what both use is in fused_lenet.cuh and fused_lenet_layers.cuh.
+#include <cstdio>
+
+#include "cluster_launch.cuh"
+#include "fused_lenet_cluster.cuh"
 #include "fused_lenet_layers.cuh"
 
 namespace {
@@ -79,11 +85,99 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
 }
 
+// A few images (n <= cluster_max()): one image per cluster of kClusterBlocks blocks, every layer split between
+// them (fused_lenet_cluster.cuh).  Thread-block clusters are sm_90's: for older targets the body is empty and the
+// host never launches it (clusters_available).
+template <bool CL, int CS, int T>
+__global__ void __launch_bounds__(T)
+    cluster_forward_kernel(cydnnLeNetWeights w, const void *images, int kind, int n, const int *n_dev, float mean,
+                           float std, int nc, int softmax, float *out) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    using N = Net<CL>;
+    constexpr int POOL1 = K1 * N::P1 * N::P1;
+    constexpr int S1 = conv_split(POOL1, KS, CS, T), S2 = conv_split(N::FLAT, K1 * KS, CS, T);
+    constexpr int L1 = fc_lanes((F1 + CS - 1) / CS, T), L2 = fc_lanes((F2 + CS - 1) / CS, T);
+    __shared__ __align__(16) float x[N::IN * N::IN], cw[kConvW];
+    __shared__ float p1[POOL1], p2[N::FLAT], h1[F1], h2[F2], z[ZPAD];
+    lcg::cluster_group cluster = lcg::this_cluster();
+    const int rank = (int)cluster.block_rank(), image = blockIdx.x / CS;
+    if (n_dev != nullptr) n = min(n, *n_dev);
+    if (image >= n) return;           // whole clusters: every block of a cluster takes this branch alike
+    cluster.barrier_arrive();         // waited for before the first DSMEM store
+    load_raw<CL>(images, kind, image, 1, 0, mean, std, x);
+    load_conv_weights(w.p, cw);
+    __syncthreads();
+    cluster.barrier_wait();           // every block of the cluster runs: its shared memory exists
+    cluster_conv_pool<1, N::IN, K1, S1, CS, T, N::ACT, N::MAXPOOL>(x, cw, cw + 150, p1, rank);
+    cluster.sync();
+    cluster_conv_pool<K1, N::P1, K2, S2, CS, T, N::ACT, N::MAXPOOL>(p1, cw + 156, cw + 2556, p2, rank);
+    cluster.sync();
+    cluster_fc<N::FLAT, L1, CS, T, N::ACT>(p2, w.p[4], w.p[5], h1, F1, rank, -1);
+    cluster.sync();
+    cluster_fc<F1, L2, CS, T, N::ACT>(h1, w.p[6], w.p[7], h2, F2, rank, 0);
+    cluster.sync();                   // after it nothing reads or writes another block's shared memory
+    if (rank != 0) return;
+    cluster_fc<F2, 32, 1, T, kNone>(h2, w.p[8], w.p[9], z, nc, 0, 0);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const float v = lane < nc ? z[lane] : -INFINITY;
+        float *o = out + (long)image * nc;
+        if (softmax) {                // as forward_kernel's
+            const float m = warp_max(v);
+            const float e = lane < nc ? expf(v - m) : 0.0f;
+            const float s = warp_sum(e);
+            if (lane < nc) o[lane] = e / s;
+        } else if (lane < nc) {
+            o[lane] = v;
+        }
+    }
+#endif
+}
+
+// Whether this device has thread-block clusters (compute capability 9.0 or newer), asked once.
+bool clusters_available() {
+    static const bool yes = [] {
+        int dev = 0, major = 0;
+        return cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }();
+    return yes;
+}
+
+// The most images the cluster kernel takes (measured on an H100: see docs/performance.md); 0 switches it off.
+// CYDNN_LENET_CLUSTER_MAX overrides it for experiments and tests.
+int cluster_max() {
+    const char *v = getenv("CYDNN_LENET_CLUSTER_MAX");
+    return v != nullptr ? atoi(v) : 16;
+}
+
 template <bool CL>
 cydnnStatus_t launch_forward(cydnnContext *ctx, int nc, const cydnnLeNetWeights *w,
                              const void *images, int kind, int n, const int *n_dev, float mean,
                              float std, int softmax, float *out) {
     const char *op = "lenet_forward";
+    if (n <= cluster_max() && clusters_available()) {
+        int cs = kClusterBlocks, t = kClusterThreads;
+        // Experiments: CYDNN_LENET_CLUSTER=4x1024 or 8x512 (blocks x threads).  Measured on an H100 with 8x256 and
+        // 2x1024 as well (docs/performance/zoo-session-33.md): none beat 4x512 on the numpy predictor's p50.
+        if (const char *v = getenv("CYDNN_LENET_CLUSTER")) sscanf(v, "%dx%d", &cs, &t);
+        cudaLaunchAttribute attr[1];
+        const cudaLaunchConfig_t cfg = cydnn::cluster_config(dim3((unsigned)(n * cs)), (unsigned)t, 0, ctx->stream,
+                                                             cs, attr);
+#define CYDNN_CLUSTER_VARIANT(CS_, T_)                                                                         \
+    if (cs == CS_ && t == T_) {                                                                                 \
+        CYDNN_CUDA(op, cudaLaunchKernelEx(&cfg, cluster_forward_kernel<CL, CS_, T_>, *w, images, kind, n, n_dev, \
+                                          mean, std, nc, softmax, out));                                        \
+        CYDNN_LAUNCH_CHECK(op, "cluster_forward_kernel");                                                       \
+        return CYDNN_STATUS_SUCCESS;                                                                            \
+    }
+        CYDNN_CLUSTER_VARIANT(4, 512)
+        CYDNN_CLUSTER_VARIANT(4, 1024)
+        CYDNN_CLUSTER_VARIANT(8, 512)
+#undef CYDNN_CLUSTER_VARIANT
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, "%s: CYDNN_LENET_CLUSTER: no cluster kernel %dx%d", op, cs, t);
+    }
     const bool lat = n < 2 * sm_count();   // fewer images than the GPU has room for: one per block
     const int G = lat ? 1 : kGMax;
     const size_t smem = sizeof(float) * ((size_t)G * Net<CL>::INFER_SLOT + kConvW);

@@ -24,6 +24,7 @@
 #include <new>
 
 #include "common.cuh"
+#include "host_copy.h"
 #include "mapped_wait.h"
 #include "memory.cuh"
 
@@ -285,7 +286,8 @@ cydnnStatus_t run_large(cydnnPredictor *p, const cydnnLeNetWeights *w, const voi
         const int slot = c & 1;
         const int cn = (c == chunks - 1) ? n - c * kChunk : kChunk;
         if (c >= 2) CYDNN_TRY(drain(c - 2));   // frees the slot
-        std::memcpy(l.h_in[slot], (const char *)images + (size_t)c * kChunk * es, (size_t)cn * es);
+        cydnn::parallel_copy(l.h_in[slot], (const char *)images + (size_t)c * kChunk * es, (size_t)cn * es,
+                             cydnn::copy_threads());   // host_copy.h: a few threads outrun one memcpy
         CYDNN_CUDA(kPredictOp, cudaMemcpyAsync(l.d_in[slot], l.h_in[slot], (size_t)cn * es,
                                                cudaMemcpyHostToDevice, st));
         CYDNN_TRY(cydnn_lenet_forward(p->ctx, p->classic, p->nc, w, l.d_in[slot], kind, cn, nullptr, p->mean,

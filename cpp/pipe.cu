@@ -20,17 +20,12 @@
 // slot's device buffer is done: the next DMA may overwrite it).
 //
 // One core's memcpy into pinned memory (6-10 GB/s) is slower than the DMA that follows it
-// (20+ GB/s on PCIe 5), so a slot's fill is split over up to `threads` threads, each copying a
-// contiguous slice of at least kMinSlice bytes.  Threads are started per fill (tens of µs
-// against the milliseconds of a fill); if the system refuses a thread, the caller copies that
-// slice itself, so a fill never fails for want of threads.
+// (20+ GB/s on PCIe 5), so a slot's fill is split over up to `threads` threads (host_copy.h).
 #include <cstring>
 #include <new>
-#include <system_error>
-#include <thread>
-#include <vector>
 
 #include "common.cuh"
+#include "host_copy.h"
 
 struct cydnnPipe {
     cydnnContext *ctx = nullptr;
@@ -61,35 +56,6 @@ void release(cydnnPipe *p) {
     delete p;
 }
 
-constexpr size_t kMinSlice = size_t(1) << 20;      // below 1 MiB a slice costs more to start than to copy
-
-// dst <- src (n bytes) with up to `threads` threads, the calling thread taking the last slice.
-void parallel_copy(void *dst, const void *src, size_t n, int threads) {
-    size_t parts = n / kMinSlice;
-    if (parts > (size_t)threads) parts = threads;
-    if (parts <= 1) {
-        std::memcpy(dst, src, n);
-        return;
-    }
-    const size_t slice = (n / parts + 63) & ~size_t(63);    // cache-line aligned slices
-    std::vector<std::thread> workers;
-    size_t done = 0;                                         // bytes handed out so far
-    try {
-        workers.reserve(parts - 1);
-        for (size_t k = 0; k + 1 < parts && done + slice < n; ++k, done += slice)
-            workers.emplace_back([=] { std::memcpy((char *)dst + done, (const char *)src + done, slice); });
-    } catch (const std::system_error &) {   // no thread to be had: the rest is copied here
-    } catch (const std::bad_alloc &) {
-    }
-    std::memcpy((char *)dst + done, (const char *)src + done, n - done);
-    for (auto &w : workers) w.join();
-}
-
-int default_threads() {
-    const unsigned hw = std::thread::hardware_concurrency();    // 0 when unknown
-    const int half = hw >= 2 ? (int)(hw / 2) : 1;                // leave the other half to the caller's process
-    return half < 4 ? half : 4;                                  // 4 outrun the DMA already
-}
 }  // namespace
 
 cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_bytes, int threads,
@@ -106,7 +72,7 @@ cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_b
     p->ctx = ctx;
     p->in_bytes = in_bytes;
     p->out_bytes = out_bytes;
-    p->threads = threads > 0 ? threads : default_threads();
+    p->threads = threads > 0 ? threads : cydnn::copy_threads();
     cudaError_t e = cudaStreamCreateWithFlags(&p->copy, cudaStreamNonBlocking);
     for (int s = 0; s < 2 && e == cudaSuccess; ++s) {
         e = cudaHostAlloc(&p->in[s], in_bytes, cudaHostAllocDefault);
@@ -130,7 +96,7 @@ cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *s
     CYDNN_REQUIRE(op, slot == 0 || slot == 1, "slot must be 0 or 1, got %d", slot);
     CYDNN_REQUIRE(op, nbytes <= p->in_bytes, "%zu bytes do not fit the pipe's %zu", nbytes, p->in_bytes);
     CYDNN_CUDA(op, cudaEventSynchronize(p->uploaded[slot]));      // the slot's last upload has left
-    parallel_copy(p->in[slot], src, nbytes, p->threads);           // overlaps the device's work
+    cydnn::parallel_copy(p->in[slot], src, nbytes, p->threads);           // overlaps the device's work
     CYDNN_CUDA(op, cudaStreamWaitEvent(p->copy, p->consumed[slot], 0));   // the slot's device buffer is free
     CYDNN_CUDA(op, cudaMemcpyAsync(p->dev_in[slot], p->in[slot], nbytes, cudaMemcpyHostToDevice, p->copy));
     CYDNN_CUDA(op, cudaEventRecord(p->uploaded[slot], p->copy));

@@ -79,6 +79,11 @@ or same_bits" >>"$log" 2>&1
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_max_pool_tiled.py >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
+  # LeNet-5's few-image forward on a cluster of four blocks (fused_lenet_cluster.cuh: DSMEM stores, idle clusters
+  # of a bucket) and the training plan's head (compiled_head.cu: the logits, the loss and dx, dW, db in two kernels).
+  "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
+      tests/test_lenet_cluster.py tests/test_linear_xent.py -k "not trains_as" >>"$log" 2>&1
+  rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_compiled_norm.py -k "not pytorch" >>"$log" 2>&1

@@ -113,7 +113,8 @@ def skinny_tiles(m, n, k):
 
 def _fastest(candidates, forced=None):
     """The fastest of ``candidates`` (name -> zero-argument call), each timed replayed as the plan's graph replays
-    it, twice round (the first round warms up: cuDNN's algorithm search, the graphs' first launches); a candidate
+    it, twice round, each keeping its lesser time (the first round also warms up: cuDNN's algorithm search, the
+    graphs' first launches; one slow moment in the second round must not hand the step to a slower way); a candidate
     that raises (a shape its kernel does not take) is dropped.  ``forced``: only the names it starts with
     (``$CYDNN_CONV`` or ``$CYDNN_LINEAR``, switches for tests and debugging), where any is left.  Returns
     (name, {name: us})."""
@@ -123,7 +124,8 @@ def _fastest(candidates, forced=None):
         for _ in range(2):
             for name in list(times):
                 try:
-                    times[name] = time_replayed(pool[name])
+                    t = time_replayed(pool[name])
+                    times[name] = t if times[name] is None else min(t, times[name])
                 except CydnnError:
                     del times[name]
         if times:

@@ -23,6 +23,8 @@ GENERATED_HOPE = 1.8
 #: the fused network takes (the small MLP chose 8: docs/performance.md, session 29).  Where the timing chooses
 #: another, or the plan by too much to hope, the compile is stopped (``FusedChoice.choose``).
 EXPECTED_CLUSTER = CLUSTERS[-1]
+#: Rounds of timing behind a bucket's choice (``FusedChoice._time``): each candidate's least time counts.
+TIME_ROUNDS = 3
 
 
 def _plan_from_host(x, m, host, plan_launch, plan_output):
@@ -81,9 +83,18 @@ class FusedChoice:
         return self.clusters.get(bucket, "?")
 
     @staticmethod
-    def _time(candidates):
-        """Seconds a call of each candidate takes (key -> seconds)."""
-        return {key: time_calls(fn, 5) for key, fn in candidates.items()}
+    def _time(candidates, rounds=TIME_ROUNDS):
+        """Seconds a call of each candidate takes (key -> seconds): the least of ``rounds`` rounds that time every
+        candidate in turn (a warm-up call and 3 calls each), so that one slow moment -- another process, the
+        host's memory -- does not hand a bucket to the slower way for the process's life (seen on the H100: the
+        all-conv plan's 10,000 images timed once at 2,456 us a chunk, against its usual 600, lost to a 2,087 us
+        kernel)."""
+        best = {}
+        for _ in range(rounds):
+            for key, fn in candidates.items():
+                t = time_calls(fn, 3)
+                best[key] = min(t, best.get(key, t))
+        return best
 
     def _hope(self, bucket):
         cluster, fused_call, plan_call = self.hoped[bucket]
@@ -94,7 +105,8 @@ class FusedChoice:
         del self.hoped[bucket]
         if self.net.generated.get(cluster) is None:      # refused, or not faster than the interpreter
             return
-        fused, plan = time_calls(fused_call, 5), time_calls(plan_call, 5)
+        times = self._time({"fused": fused_call, "plan": plan_call})
+        fused, plan = times["fused"], times["plan"]
         self.timed_us[bucket].update({f"generated/{cluster}": round(1e6 * fused, 1), "plan again": round(1e6 * plan, 1)})
         if fused < plan:
             self.clusters[bucket] = cluster

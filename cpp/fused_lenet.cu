@@ -21,7 +21,7 @@
 //   argmax bytes (training).  Backward overwrites a1/a2 with their gradients.
 //
 // This file: inference.  forward_kernel: G images a block; cluster_forward_kernel, for a few images (n <=
-// CYDNN_LENET_CLUSTER_MAX, default 16, on sm_90): one image on a cluster of four blocks that split every layer
+// cluster_max(): 4 modern, 16 classic, on sm_90): one image on a cluster of four blocks that split every layer
 // (fused_lenet_cluster.cuh), the one-image predict's latency.  The training step's kernels are in
 // fused_lenet_train.cu; what both use is in fused_lenet.cuh and fused_lenet_layers.cuh.
 #include <cstdio>
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
 }
 
-// A few images (n <= cluster_max()): one image per cluster of kClusterBlocks blocks, every layer split between
+// A few images (n <= cluster_max(CL)): one image per cluster of kClusterBlocks blocks, every layer split between
 // them (fused_lenet_cluster.cuh).  Thread-block clusters are sm_90's: for older targets the body is empty and the
 // host never launches it (clusters_available).
 template <bool CL, int CS, int T>
@@ -145,11 +145,13 @@ bool clusters_available() {
     return yes;
 }
 
-// The most images the cluster kernel takes (measured on an H100: see docs/performance.md); 0 switches it off.
-// CYDNN_LENET_CLUSTER_MAX overrides it for experiments and tests.
-int cluster_max() {
+// The most images the cluster kernel takes; 0 switches it off.  CYDNN_LENET_CLUSTER_MAX overrides it for
+// experiments and tests.  Measured on two H100 machines (the numpy predictor's p50, both kernels in one process:
+// docs/performance/zoo-session-33.md): the modern network's cluster kernel wins at 1-2 images, ties at 4 and loses
+// by 1.6-3.6 us at 8-16 on one of them; the classic one's wins up to 16 (by 3-6 us) and loses at 32.
+int cluster_max(bool classic) {
     const char *v = getenv("CYDNN_LENET_CLUSTER_MAX");
-    return v != nullptr ? atoi(v) : 16;
+    return v != nullptr ? atoi(v) : classic ? 16 : 4;
 }
 
 template <bool CL>
@@ -157,7 +159,7 @@ cydnnStatus_t launch_forward(cydnnContext *ctx, int nc, const cydnnLeNetWeights 
                              const void *images, int kind, int n, const int *n_dev, float mean,
                              float std, int softmax, float *out) {
     const char *op = "lenet_forward";
-    if (n <= cluster_max() && clusters_available()) {
+    if (n <= cluster_max(CL) && clusters_available()) {
         int cs = kClusterBlocks, t = kClusterThreads;
         // Experiments: CYDNN_LENET_CLUSTER=4x1024 or 8x512 (blocks x threads).  Measured on an H100 with 8x256 and
         // 2x1024 as well (docs/performance/zoo-session-33.md): none beat 4x512 on the numpy predictor's p50.

@@ -1,5 +1,6 @@
 """LeNet-5's few-image kernel on a thread-block cluster (cpp/fused_lenet_cluster.cuh, chosen in
-cpp/fused_lenet.cu for n <= CYDNN_LENET_CLUSTER_MAX images) against the one-block kernel and the per-op path.
+cpp/fused_lenet.cu for up to 4 images (modern) or 16 (classic); CYDNN_LENET_CLUSTER_MAX overrides the limit)
+against the one-block kernel and the per-op path.
 
 Both kernels are launched directly (``_C.lenet_forward``, device arrays) and through the numpy predictor
 (mapped memory, a CUDA graph per bucket, the image count read from the header: a bucket of 4 for 3 images
@@ -78,3 +79,19 @@ def test_above_the_limit_the_block_kernel_runs(monkeypatch):
     block = _forward(monkeypatch, 0, model, params, images, False)
     assert np.array_equal(_forward(monkeypatch, 7, model, params, images, False), block)
     assert not np.array_equal(_forward(monkeypatch, 8, model, params, images, False), block)
+
+
+@gpu
+@pytest.mark.parametrize("classic, limit", [(False, 4), (True, 16)])
+def test_the_default_limit_is_4_images_modern_and_16_classic(classic, limit, monkeypatch):
+    """Measured on the H100 (docs/performance/zoo-session-33.md): past these the one-block kernel is as fast."""
+    model, params = _model(classic, 10)
+    images = np.random.default_rng(14).integers(0, 256, (limit + 1, 28, 28), dtype=np.uint8)
+    for n in (limit, limit + 1):
+        x = images[:n]
+        cluster = _forward(monkeypatch, 64, model, params, x, False)
+        block = _forward(monkeypatch, 0, model, params, x, False)
+        monkeypatch.delenv(ENV)
+        out = ops.cuda.empty((n, 10))
+        _C.lenet_forward(classic, 10, params, ops.cuda.asarray(x), out, model.mean, model.std, False)
+        assert np.array_equal(out.numpy(), cluster if n <= limit else block)

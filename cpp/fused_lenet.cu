@@ -51,6 +51,20 @@ __device__ void forward_infer(float *sm, int S, int G, const float *const *w, co
     __syncthreads();
 }
 
+// One warp: an image's nc logits z -> its row o of the output, probabilities (as the reference softmax:
+// exp(x - max) / sum) or the logits themselves.
+__device__ __forceinline__ void write_output(const float *z, float *o, int nc, int softmax, int lane) {
+    const float v = lane < nc ? z[lane] : -INFINITY;
+    if (softmax) {
+        const float m = warp_max(v);
+        const float e = lane < nc ? expf(v - m) : 0.0f;
+        const float s = warp_sum(e);
+        if (lane < nc) o[lane] = e / s;
+    } else if (lane < nc) {
+        o[lane] = v;
+    }
+}
+
 template <bool CL, bool LAT>
 __global__ void __launch_bounds__(kMaxThreads)
     forward_kernel(cydnnLeNetWeights w, const void *images, int kind, int n, const int *n_dev,
@@ -67,20 +81,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         load_raw<CL>(images, kind, first, Gb, S, mean, std, sm);
         __syncthreads();
         forward_infer<CL, LAT>(sm, S, Gb, w.p, cw, nc);
-        if (warp < Gb) {
-            const float *z = sm + warp * S + N::I_Z;
-            const float v = lane < nc ? z[lane] : -INFINITY;
-            float *o = out + (long)(first + warp) * nc;
-            if (softmax) {
-                // As the reference softmax: exp(x - max) / sum.
-                const float m = warp_max(v);
-                const float e = lane < nc ? expf(v - m) : 0.0f;
-                const float s = warp_sum(e);
-                if (lane < nc) o[lane] = e / s;
-            } else if (lane < nc) {
-                o[lane] = v;
-            }
-        }
+        if (warp < Gb) write_output(sm + warp * S + N::I_Z, out + (long)(first + warp) * nc, nc, softmax, lane);
         __syncthreads();
     }
 }
@@ -119,19 +120,7 @@ __global__ void __launch_bounds__(T)
     if (rank != 0) return;
     cluster_fc<F2, 32, 1, T, kNone>(h2, w.p[8], w.p[9], z, nc, 0, 0);
     __syncthreads();
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const float v = lane < nc ? z[lane] : -INFINITY;
-        float *o = out + (long)image * nc;
-        if (softmax) {                // as forward_kernel's
-            const float m = warp_max(v);
-            const float e = lane < nc ? expf(v - m) : 0.0f;
-            const float s = warp_sum(e);
-            if (lane < nc) o[lane] = e / s;
-        } else if (lane < nc) {
-            o[lane] = v;
-        }
-    }
+    if (threadIdx.x < 32) write_output(z, out + (long)image * nc, nc, softmax, threadIdx.x);
 #endif
 }
 

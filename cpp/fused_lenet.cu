@@ -167,7 +167,8 @@ cydnnStatus_t launch_forward(cydnnContext *ctx, int nc, const cydnnLeNetWeights 
         CYDNN_CLUSTER_VARIANT(4, 1024)
         CYDNN_CLUSTER_VARIANT(8, 512)
 #undef CYDNN_CLUSTER_VARIANT
-        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, "%s: CYDNN_LENET_CLUSTER: no cluster kernel %dx%d", op, cs, t);
+        return cydnn::fail(CYDNN_STATUS_INVALID_ARGUMENT, 0, "%s: CYDNN_LENET_CLUSTER: no cluster kernel %dx%d", op,
+                           cs, t);
     }
     const bool lat = n < 2 * sm_count();   // fewer images than the GPU has room for: one per block
     const int G = lat ? 1 : kGMax;

@@ -255,11 +255,7 @@ def inference(name, have_torch):
     res["resident_served"] = resident.info()["fused_net"]["resident"]
     del resident                              # its kernel returns now: nothing below waits on its idle time
     infer(many)
-    res["cydnn_10k_img_s"] = rate_10k(lambda: infer(many))
-    fused = infer.info()["fused_net"]
-    res["backend"] = {b: ("plan" if c is None else f"fused/{c}") for b, c in fused["clusters"].items()}
-    res["piped_10k"] = infer._pipe is not None        # the 10,000 images' full chunks went through the copy pipe
-    res["fused_reason"], res["fused_timed_us"] = fused["reason"], fused["timed_us"]
+    many_calls = {"cydnn": lambda: infer(many)}
     if have_torch:
         tm = torch_twin(model).eval()
 
@@ -268,7 +264,15 @@ def inference(name, have_torch):
                 return torch.softmax(tm(torch.from_numpy(a).cuda()), 1).cpu().numpy()
         res["torch_1_p50_us"], res["torch_1_p99_us"] = latencies(lambda: tpredict(one))
         tpredict(many)
-        res["torch_10k_img_s"] = rate_10k(lambda: tpredict(many))
+        many_calls["torch"] = lambda: tpredict(many)
+    rates = rates_10k(many_calls)
+    res["cydnn_10k_img_s"] = rates["cydnn"]
+    if have_torch:
+        res["torch_10k_img_s"] = rates["torch"]
+    fused = infer.info()["fused_net"]
+    res["backend"] = {b: ("plan" if c is None else f"fused/{c}") for b, c in fused["clusters"].items()}
+    res["piped_10k"] = infer._pipe is not None        # the 10,000 images' full chunks went through the copy pipe
+    res["fused_reason"], res["fused_timed_us"] = fused["reason"], fused["timed_us"]
     # The compiles this network started in the background (a 1,024-image bucket the plan won by less than
     # GENERATED_HOPE compiles a kernel to time again) end here, so that the next network's compile time is its own
     # (session 29: LeNet 16/32's and the CNN's whole forms were ready 0.4-0.7 s later in the zoo than alone)
@@ -276,15 +280,19 @@ def inference(name, have_torch):
     return res
 
 
-def rate_10k(call, passes=5):
-    """Images a second of ``call`` (10,000 images), the median of ``passes`` calls timed one by one (session 29: one
-    slow window of three passes timed together gave LeNet-5 0.29x PyTorch's rate; its reruns 1.57-1.77x)."""
-    times = []
+def rates_10k(calls, passes=7):
+    """Images a second of each of ``calls`` (name -> a call of 10,000 images): the median of ``passes`` calls each,
+    timed one by one and in turn, one call of each per pass, so that a slow moment of the host (31 MB of copies
+    are bound by its memory) falls on both sides of a ratio. Session 29: one slow window of three passes timed
+    together gave LeNet-5 0.29x PyTorch's rate (its reruns 1.57-1.77x); session 33: with the two sides timed one
+    after the other, either moved 20-40 % between runs."""
+    times = {name: [] for name in calls}
     for _ in range(passes):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return 10000 / statistics.median(times)
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: 10000 / statistics.median(t) for name, t in times.items()}
 
 
 def _generated_summary(generated):

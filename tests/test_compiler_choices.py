@@ -339,3 +339,26 @@ def test_a_convolutions_backward_chooses_dx_then_dw_beside_it(faked):
     fn, args = executor.DISPATCH["conv_backward"](b, s)
     assert args[-2:] == (-1, -1) and s.kernels == (CONV_BACKWARD_DATA, CONV_BACKWARD_FILTER)
     assert set(s.args["timed_us"]) == {"dw library", "wgrad32x32s32", "wgrad32x64s16"}
+
+
+def test_least_times_takes_each_ways_least_over_rounds_and_restores_after_every_timing():
+    """executor.least_times, behind every timed trial between two ways (the fused network's buckets, its generated
+    kernel against the interpreter, the fused training step's clusters and against the plan): candidates in turn
+    each round, the least of each, ``after`` after every timing even where the timing raises."""
+    order, after = [], []
+    seconds = {("a", 0): 5.0, ("a", 1): 2.0, ("b", 0): 1.0, ("b", 1): 4.0}
+
+    def timer(fn, calls):
+        key = fn()
+        order.append((key, calls))
+        return seconds[(key, sum(1 for k, _ in order if k == key) - 1)]
+    got = executor.least_times({"a": lambda: "a", "b": lambda: "b"}, 7, 2, timer=timer, after=lambda: after.append(1))
+    assert got == {"a": 2.0, "b": 1.0}
+    assert order == [("a", 7), ("b", 7), ("a", 7), ("b", 7)] and len(after) == 4
+
+    def failing(fn, calls):
+        raise CydnnError("a launch failed")
+    after.clear()
+    with pytest.raises(CydnnError, match="a launch failed"):
+        executor.least_times({"a": lambda: "a"}, 1, 2, timer=failing, after=lambda: after.append(1))
+    assert after == [1]

@@ -45,6 +45,9 @@ def _dropout(b, s):
 
 #: launches per variant when the executor times the two ways of a convolution with bias and activation
 TUNE_CALLS = 10
+#: rounds of a trial between two ways of running the same thing (:func:`least_times`): the fused network's
+#: generated kernel against its interpreter, the fused training step's cluster sizes and against the plan
+TRIAL_ROUNDS = 2
 
 
 def time_calls(fn, calls=TUNE_CALLS):
@@ -57,6 +60,24 @@ def time_calls(fn, calls=TUNE_CALLS):
         fn()
     _C.synchronize()
     return (time.perf_counter() - t0) / calls
+
+
+def least_times(candidates, calls, rounds, timer=time_calls, after=None):
+    """Seconds a call of each candidate takes (key -> zero-argument call; key -> seconds): the least of ``rounds``
+    rounds that time every candidate in turn with ``timer(fn, calls)``, so that one slow moment of the machine --
+    another process, the host's memory -- does not decide a choice for the life of the process (session 33: the
+    all-conv plan's 10,000-image chunk timed once at 4x its usual lost its bucket to a slower kernel).  ``after``:
+    called after each timing, even a failed one (a training step's timing restores the state it changed)."""
+    best = {}
+    for _ in range(rounds):
+        for key, fn in candidates.items():
+            try:
+                t = timer(fn, calls)
+            finally:
+                if after is not None:
+                    after()
+            best[key] = min(t, best.get(key, t))
+    return best
 
 
 def time_replayed(fn, calls=TUNE_CALLS):

@@ -7,7 +7,7 @@ a kernel generated for the network may beat it, that kernel's compile and a seco
 import numpy as np
 
 from .. import _C
-from .executor import time_calls
+from .executor import least_times, time_calls
 from .fused_net import CLUSTERS, FusedNetwork, describe
 
 __all__ = ["FusedChoice", "GENERATED_HOPE", "EXPECTED_CLUSTER"]
@@ -84,17 +84,12 @@ class FusedChoice:
 
     @staticmethod
     def _time(candidates, rounds=TIME_ROUNDS):
-        """Seconds a call of each candidate takes (key -> seconds): the least of ``rounds`` rounds that time every
-        candidate in turn (a warm-up call and 3 calls each), so that one slow moment -- another process, the
-        host's memory -- does not hand a bucket to the slower way for the process's life (seen on the H100: the
-        all-conv plan's 10,000 images timed once at 2,456 us a chunk, against its usual 600, lost to a 2,087 us
-        kernel)."""
-        best = {}
-        for _ in range(rounds):
-            for key, fn in candidates.items():
-                t = time_calls(fn, 3)
-                best[key] = min(t, best.get(key, t))
-        return best
+        """Seconds a call of each candidate takes (key -> seconds): each candidate's least time over ``rounds``
+        rounds that time every candidate in turn (a warm-up call and 3 calls each: ``executor.least_times``), so
+        that one slow moment does not hand a bucket to the slower way for the process's life (seen on the H100:
+        the all-conv plan's 10,000 images timed once at 2,456 us a chunk, against its usual 600, lost to a
+        2,087 us kernel)."""
+        return least_times(candidates, 3, rounds, timer=time_calls)
 
     def _hope(self, bucket):
         cluster, fused_call, plan_call = self.hoped[bucket]

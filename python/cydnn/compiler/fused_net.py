@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import _C
 from . import fused_net_gen, fused_tiles, nvrtc_jobs
-from .executor import time_calls
+from .executor import TRIAL_ROUNDS, least_times, time_calls
 from .fused_tiles import THREADS, TUNED_CLUSTERS  # noqa: F401  (THREADS: the kernel's, for the tables' users)
 from .fused_tiles import channels as _channels, size as _size, staged as _staged, tile as _tile
 from .trace import slope
@@ -220,8 +220,10 @@ class FusedNetwork:
             diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
             if not np.allclose(got, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max()))):
                 return False, {"reason": f"self-test: {m} images differ from the interpreter's by {diff:.3g}"}
-        interp = time_calls(lambda: table.forward(x, self._dy, 1, cluster), 20)
-        gen = time_calls(lambda: table.forward(x, self._dy, 1, cluster, kernel), 20)
+        times = least_times({"interpreter": lambda: table.forward(x, self._dy, 1, cluster),
+                             "generated": lambda: table.forward(x, self._dy, 1, cluster, kernel)}, 20, TRIAL_ROUNDS,
+                            timer=time_calls)
+        interp, gen = times["interpreter"], times["generated"]
         trial = {"max_diff": diff, "timed_us": {"interpreter": round(1e6 * interp, 1), "generated": round(1e6 * gen, 1)}}
         return gen < interp, trial
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import _C
 from . import fused_net
-from .executor import DISPATCH, time_calls
+from .executor import DISPATCH, TRIAL_ROUNDS, least_times, time_calls
 from .ir import Plan
 from .lower import LR_TABLE, param_names
 from .passes import plan_memory
@@ -144,8 +144,8 @@ def dispatch(b, s):
     if forced and int(forced) in steps:
         chosen = int(forced)
     else:
-        for ranks, step in steps.items():
-            times[ranks] = time_calls(step.enqueue, 10)
+        times = least_times({ranks: step.enqueue for ranks, step in steps.items()}, 10, TRIAL_ROUNDS,
+                            timer=time_calls)
         chosen = min(times, key=times.get)
     s.args["cluster"] = chosen
     s.args["timed_us"] = {f"cluster {r}": round(1e6 * t, 1) for r, t in times.items()}
@@ -182,12 +182,8 @@ def trial(plan_runner, fused_runner, snapshot, flat):
         found["reason"] = (f"self-test: the fused step's loss {lf} / gradients (max |diff| {gdiff:.3g} of "
                            f"{scale:.3g}) differ from the plan's ({lp})")
         return plan_runner, found
-    times = {}
-    for name, r in (("plan", plan_runner), ("fused", fused_runner)):
-        try:
-            times[name] = time_calls(r.launch, 20)
-        finally:
-            restore()
+    times = least_times({"plan": plan_runner.launch, "fused": fused_runner.launch}, 20, TRIAL_ROUNDS,
+                        timer=time_calls, after=restore)
     found["timed_us"] = {k: round(1e6 * t, 1) for k, t in times.items()}
     use = mode() == "force" or times["fused"] < KEEP_BELOW * times["plan"]
     found["used"] = bool(use)

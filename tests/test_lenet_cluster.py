@@ -95,3 +95,19 @@ def test_the_default_limit_is_4_images_modern_and_16_classic(classic, limit, mon
         out = ops.cuda.empty((n, 10))
         _C.lenet_forward(classic, 10, params, ops.cuda.asarray(x), out, model.mean, model.std, False)
         assert np.array_equal(out.numpy(), cluster if n <= limit else block)
+
+
+@gpu
+@pytest.mark.parametrize("classic", [False, True])
+def test_the_cluster_kernel_alone_against_the_numpy_path(classic, monkeypatch):
+    """The sanitizers' case (tools/sanitize.sh's racecheck): only the cluster kernel runs on the GPU -- three
+    images, launched directly -- against the same model's numpy path on the CPU.  Racecheck did not finish the
+    tests above in 200 s: they run the one-block kernel too (1,024 threads), on which it is slow."""
+    monkeypatch.setenv(ENV, "64")
+    images = np.random.default_rng(15).integers(0, 256, (3, 28, 28), dtype=np.uint8)
+    ref = models.LeNet5(classic=classic, seed=4).predict(images)          # numpy, on the CPU
+    model, params = _model(classic, 10, seed=4)                            # the same weights on the GPU
+    out = ops.cuda.empty((3, 10))
+    _C.lenet_forward(classic, 10, params, ops.cuda.asarray(images), out, model.mean, model.std, True)
+    assert np.abs(out.numpy() - ref).max() <= 1e-5
+    assert np.array_equal(out.numpy().argmax(1), ref.argmax(1))

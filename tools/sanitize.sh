@@ -81,8 +81,12 @@ or same_bits" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # LeNet-5's few-image forward on a cluster of four blocks (fused_lenet_cluster.cuh: DSMEM stores, idle clusters
   # of a bucket) and the training plan's head (compiled_head.cu: the logits, the loss and dx, dW, db in two kernels).
+  # Under racecheck only the cluster kernel's own case: the other tests run the one-block kernel beside it, on
+  # whose 1,024 threads racecheck did not finish in 200 s (H100, session 33).
+  cluster="not trains_as"
+  [ "$tool" = racecheck ] && cluster="cluster_kernel_alone or (head and not trains_as)"
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
-      tests/test_lenet_cluster.py tests/test_linear_xent.py -k "not trains_as" >>"$log" 2>&1
+      tests/test_lenet_cluster.py tests/test_linear_xent.py -k "$cluster" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # Batch norm in training (compiled_norm.cu): partial sums, in-block statistics, wide layers, dx over dy.
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \

@@ -8,6 +8,9 @@ cluster, its generated kernel once NVRTC is done), p50 of 3,000 calls each, µs:
   device queued        300 launches between two synchronisations: the kernel's own time
   interp ...           the same two with the interpreter instead of the generated kernel
 
+For LeNet-5 (lenet5, lenet5_classic) the layers are its own: infer(x), the LeNetPredictor (one C call: mapped
+memory, a graph, a wait), the kernel launched on device arrays and synchronised, and queued.
+
 Usage (on the GPU machine): python3 benchmarks/one_image_breakdown.py cnn32_24_48_96,allconv_stride2
 (docs/performance.md, session 26, ran this as .diag/s26_one.py, the same code.)
 """
@@ -37,6 +40,9 @@ def main(names):
         infer = cydnn.compile(model, input_shape=shape, softmax=True)
         infer(one)
         gen = infer.wait_generated()
+        if infer._lenet is not None:               # LeNet-5's own kernels (cpp/fused_lenet.cu, cpp/fastpath.cu)
+            lenet(name, infer, one)
+            continue
         fused = infer._fused
         c = fused.cluster(1) if fused is not None else None
         if c in (None, "?"):
@@ -58,6 +64,24 @@ def main(names):
              "interp queued": round(1e6 * min(time_calls(lambda: table.forward(dx, dy, 1, c), 300)
                                               for _ in range(3)), 1)}
         print(f"{name} cluster {c} generated={k is not None}: {r}; generated kernels {gen}", flush=True)
+
+
+def lenet(name, infer, one):
+    """The same layers for LeNet-5 (modern or classic), whose one image runs its own kernel: the cluster kernel of
+    four blocks for a few images, else one block an image (the C call picks: CYDNN_LENET_CLUSTER_MAX)."""
+    lp = infer._lenet
+    images = one.reshape(1, one.shape[-2], one.shape[-1])
+    pd = tuple(p.data for p in lp.params)
+    dx, dy = _C.to_device(np.full((1, 28, 28), 0.5, np.float32)), _C.empty((1, lp.num_classes))   # a raw image
+
+    def forward():
+        _C.lenet_forward(lp.classic, lp.num_classes, pd, dx, dy, 0.0, 1.0, True)
+    r = {"infer(x)": p50(lambda: infer(one)),
+         "LeNetPredictor": p50(lambda: lp(images)),
+         "device launch+sync": p50(lambda: (forward(), _C.synchronize())),
+         "device queued": round(1e6 * min(time_calls(forward, 300) for _ in range(3)), 1),
+         "bare synchronize": p50(_C.synchronize)}
+    print(f"{name} (LeNet-5's kernels, full-size float input: {lp.full}): {r}", flush=True)
 
 
 if __name__ == "__main__":

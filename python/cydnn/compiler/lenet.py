@@ -64,7 +64,7 @@ class LeNetPredictor:
     def __init__(self, nodes, classic, num_classes, mean, std, use_graphs=True, full=False):
         """``full``: inputs are float32 of the network's own size (classic (N, 32, 32), padding
         included), taken as they are instead of raw 28x28 images the kernel pads."""
-        self.num_classes, self.full = num_classes, bool(full)
+        self.classic, self.num_classes, self.full = bool(classic), num_classes, bool(full)
         self.params = parameters(nodes)
         self._p = _C.Predictor(classic, num_classes, float(mean), float(std), use_graphs)
         self._lock = threading.Lock()     # the C predictor's pinned buffers and graphs are shared by its calls

@@ -37,6 +37,7 @@
 #include "common.cuh"
 #include "launch.cuh"
 #include "mean_tree.cuh"
+#include "warp_reduce.cuh"
 
 namespace {
 
@@ -49,15 +50,8 @@ constexpr int kGradWarps = kGradThreads / kWarp;
 constexpr int kGradRows = 8;               // rows of x a warp loads before it multiplies
 constexpr int kMaxClasses = 32;            // a lane per class in the softmax
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
+using cydnn::warp_max;   // loss.cu's butterflies (warp_reduce.cuh): its bits
+using cydnn::warp_sum;
 
 // C: the accumulators a thread keeps (16 or 32), c <= C the classes.  The rows of W past c are read as row c - 1
 // (no predicate between a load and its issue: every load of an unrolled step is in flight at once); their sums are

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "common.cuh"
+#include "warp_reduce.cuh"
 
 namespace {
 
@@ -98,14 +99,8 @@ __device__ __forceinline__ float activate_grad(float y) {
     return 1.0f;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+using cydnn::warp_max;   // butterflies inside a warp (warp_reduce.cuh)
+using cydnn::warp_sum;
 
 // ------------------------------------------------------------ inputs
 // Raw images (28x28, uint8 / 255 or float as is) -> padded, normalised x; or float images of

@@ -14,6 +14,7 @@
 #include "common.cuh"
 #include "launch.cuh"
 #include "mean_tree.cuh"
+#include "warp_reduce.cuh"
 
 namespace {
 
@@ -52,19 +53,8 @@ cydnnStatus_t softmax_forward(cydnnContext *ctx, const float *x, float *y, int n
 
 constexpr int kWarp = 32;
 
-// Butterfly reductions inside a warp: after the five steps every lane holds
-// the result.  All 32 lanes must take part.
-__device__ __forceinline__ float warp_max(float v) {
-    for (int offset = kWarp / 2; offset > 0; offset /= 2)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int offset = kWarp / 2; offset > 0; offset /= 2)
-        v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
+using cydnn::warp_max;   // butterflies inside a warp (warp_reduce.cuh)
+using cydnn::warp_sum;
 
 // Kernel 1: one warp per row (grid-stride over rows; a row index is the same
 // for all 32 lanes, so the whole warp takes the same branches).  Lane l reads

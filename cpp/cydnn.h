@@ -160,6 +160,10 @@ cydnnStatus_t cydnn_pipe_upload(cydnnPipe *p, int slot, void *dst, const void *s
 cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes);
 cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes);
 void cydnn_pipe_destroy(cydnnPipe *p);
+/* The pipe's fill alone (host memory only, no device): dst <- src, split over up to `threads` threads (0: as a
+ * pipe) in slices of 1 MiB or more, the calling thread taking one.  Returns how: 0 one memcpy, 1 the process's
+ * pool of copy threads, 2 threads started for this copy (the pool was busy with another caller's fill). */
+int cydnn_host_copy(void *dst, const void *src, size_t nbytes, int threads);
 
 /* ------------------------------------------------------------ convolution */
 /* x (n, c, h, w), weight (k, c, kh, kw), bias (k) or NULL, y (n, k, oh, ow) with

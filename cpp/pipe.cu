@@ -128,6 +128,11 @@ cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes
 
 int cydnn_pipe_threads(const cydnnPipe *p) { return p == nullptr ? 0 : p->threads; }
 
+int cydnn_host_copy(void *dst, const void *src, size_t nbytes, int threads) {
+    if (dst == nullptr || src == nullptr || nbytes == 0) return 0;
+    return cydnn::parallel_copy(dst, src, nbytes, threads > 0 ? (threads < 64 ? threads : 64) : cydnn::copy_threads());
+}
+
 void cydnn_pipe_destroy(cydnnPipe *p) {
     if (p == nullptr) return;
     cudaStreamSynchronize(p->copy);            // copies queued on its buffers must be done first

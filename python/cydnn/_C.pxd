@@ -395,3 +395,4 @@ cdef extern from "cydnn.h" nogil:
     cydnnStatus_t cydnn_pipe_download(cydnnPipe *p, int slot, const void *src, size_t nbytes)
     cydnnStatus_t cydnn_pipe_finish(cydnnPipe *p, int slot, void *dst, size_t nbytes)
     void cydnn_pipe_destroy(cydnnPipe *p)
+    int cydnn_host_copy(void *dst, const void *src, size_t nbytes, int threads)

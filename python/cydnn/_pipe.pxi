@@ -44,3 +44,21 @@ cdef class Pipe:
         if not dst.flags.c_contiguous:
             raise ValueError("pipe.finish: dst must be C-contiguous")
         check(cydnn_pipe_finish(self.p, slot, cnp.PyArray_DATA(dst), dst.nbytes), "pipe")
+
+
+def host_copy(cnp.ndarray dst not None, cnp.ndarray src not None, int threads=0):
+    """dst <- src (host arrays, C-contiguous, the same bytes) as a pipe fills a slot (cpp/host_copy.h): slices of
+    1 MiB or more over up to ``threads`` threads (0: as a pipe).  Returns how: "one" memcpy, "pool" (the
+    process's copy threads) or "spawn" (threads started for this copy: the pool was busy).  No device needed."""
+    if not dst.flags.c_contiguous or not src.flags.c_contiguous or dst.nbytes != src.nbytes:
+        raise ValueError(f"host_copy: dst and src must be C-contiguous with the same bytes, got {dst.nbytes} "
+                         f"and {src.nbytes}")
+    if threads < 0:
+        raise ValueError(f"host_copy: threads must be 0 (as a pipe) or more, got {threads}")
+    cdef void *d = cnp.PyArray_DATA(dst)
+    cdef const void *s = cnp.PyArray_DATA(src)
+    cdef size_t n = src.nbytes
+    cdef int how
+    with nogil:
+        how = cydnn_host_copy(d, s, n, threads)
+    return ("one", "pool", "spawn")[how]

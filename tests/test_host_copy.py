@@ -3,12 +3,13 @@ the process, threads started per fill when another caller holds the pool, and a 
 byte is compared with the source; a hang (a slice nobody copies) is caught by the time limits."""
 import multiprocessing
 import os
-import threading
 
 import numpy as np
 import pytest
 
 from cydnn import _C
+
+from threadkit import run_in_threads
 
 MIB = 1 << 20
 
@@ -48,25 +49,18 @@ def test_callers_at_once_each_get_their_bytes():
     """Four Python threads (the copy runs without the GIL) fill at the same time: one holds the pool, the others
     start their own threads; every copy is whole."""
     sources = [_source(6 * MIB + k, 10 + k) for k in range(4)]
-    ways, errors = [], []
+    ways, wrong = [], []
 
     def work(k):
-        try:
-            for _ in range(25):
-                dst = np.zeros_like(sources[k])
-                ways.append(_C.host_copy(dst, sources[k], 4))
-                if not np.array_equal(dst, sources[k]):
-                    errors.append(k)
-        except Exception as e:   # noqa: BLE001 -- reported below
-            errors.append(repr(e))
+        for _ in range(25):
+            dst = np.zeros_like(sources[k])
+            ways.append(_C.host_copy(dst, sources[k], 4))
+            if not np.array_equal(dst, sources[k]):
+                wrong.append(k)
 
-    workers = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join(120)
-    assert not any(w.is_alive() for w in workers), "a copy did not end"
-    assert errors == []
+    errors, alive = run_in_threads(work, 4, 120)
+    assert alive == 0, "a copy did not end"
+    assert errors == [] and wrong == []
     assert len(ways) == 100 and set(ways) <= {"pool", "spawn"} and "pool" in ways
 
 

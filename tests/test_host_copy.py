@@ -100,3 +100,10 @@ def test_refusals():
         _C.host_copy(np.zeros((4, 4), np.uint8)[:, ::2], np.zeros(8, np.uint8))
     with pytest.raises(ValueError, match="threads"):
         _C.host_copy(a, a.copy(), -1)
+    ro = np.zeros(10, np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _C.host_copy(ro, a)
+    big = np.zeros(4 * MIB, np.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        _C.host_copy(big[MIB:3 * MIB], big[:2 * MIB])

@@ -53,11 +53,15 @@ def host_copy(cnp.ndarray dst not None, cnp.ndarray src not None, int threads=0)
     if not dst.flags.c_contiguous or not src.flags.c_contiguous or dst.nbytes != src.nbytes:
         raise ValueError(f"host_copy: dst and src must be C-contiguous with the same bytes, got {dst.nbytes} "
                          f"and {src.nbytes}")
+    if not dst.flags.writeable:
+        raise ValueError("host_copy: dst is read-only")
     if threads < 0:
         raise ValueError(f"host_copy: threads must be 0 (as a pipe) or more, got {threads}")
     cdef void *d = cnp.PyArray_DATA(dst)
     cdef const void *s = cnp.PyArray_DATA(src)
     cdef size_t n = src.nbytes
+    if n and <size_t>d < <size_t>s + n and <size_t>s < <size_t>d + n:
+        raise ValueError("host_copy: dst and src overlap")
     cdef int how
     with nogil:
         how = cydnn_host_copy(d, s, n, threads)

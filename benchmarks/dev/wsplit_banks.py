@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""How many shared-memory wavefronts does tile 7 (cpp/fused_net_wsplit.cuh, a 2x2 pooling folded in) spend on its
+activation and weight reads, against a conflict-free ideal?  A model on the CPU of conv_wsplit's split of work (the
+block's work items over `per` threads, S ways of input channels, staged weight chunks) and of wsplit_sums' loads,
+instruction by instruction and warp by warp, for one block (rank 0) of a cluster:
+
+  - a 32-bit load (an activation): the lanes' word addresses grouped by bank (address mod 32); the wavefronts are
+    the most distinct addresses in one bank (a broadcast of one address costs nothing more);
+  - a 128-bit load (four staged weights): the distinct 16-byte addresses grouped by their 4-bank group, the most in
+    one group.
+
+At one wavefront a clock (the H100's shared memory serves 128 bytes a cycle an SM) and ~2 GHz, the count is a floor
+on the layer's time from its loads alone.  Session 34: the CNN's layers 24->48 and 48->96 on 16 blocks spend
+5,364 and 4,644 wavefronts (2.7 and 2.3 us; the loads alone would need 1,620 each), with the 32-bit activation
+loads 3.9x and 3.3x their ideal -- the same picture as ncu's 2.9-way conflicts over the whole kernel (67,933
+shared-load requests, 196,979 wavefronts; this model's block: ~3,650 requests for the three convolutions).  Why:
+a lane's 2x2 window reads columns 2j + dx + kx - 1, so a warp's lanes hit even or odd banks only, and rows two
+apart (2W floats) and the ways' planes (H*W floats) fall on the same banks for W = 16 and 8.
+
+    python3 benchmarks/dev/wsplit_banks.py                      # the CNN's three convolutions at 16 blocks
+    python3 benchmarks/dev/wsplit_banks.py 24,16,16,48 --ranks 8
+
+Not a measurement: a model of the kernel's address pattern, to judge remappings before writing them (a lane pair
+sharing a window, one column each, would read consecutive columns).  It follows the kernel as of session 34; where
+the kernel changes, this file must follow it.
+"""
+import argparse
+from collections import defaultdict
+
+THREADS = 512         # kWsplitThreads
+
+
+def split(C, H, W, K, ranks, rank, scratch, wcap, ks=3):
+    """conv_wsplit's numbers for a 2x2-pooled layer (stride 1, padding ks // 2): work items a block, ways, the
+    block's first item and count, its staged channels and their row length, the input channels a chunk."""
+    kk = ks * ks
+    QH, QW = H // 2, W // 2
+    cog, pxg = (K + 3) // 4, QW
+    row_items = QH * pxg
+    items = cog * row_items
+    per = -(-items // ranks)
+    ways = min(THREADS // per, C, scratch // (16 * per))
+    lo = per * rank
+    hi = min(lo + per, items)
+    c_lo = (lo // row_items) * 4
+    c_span = min(((hi - 1) // row_items + 1) * 4, K) - c_lo
+    cs = (c_span + 3) // 4 * 4
+    fit = wcap // (cs * kk)
+    chunk = C if fit <= 0 else min(fit, C)
+    return dict(per=per, ways=ways, lo=lo, n_items=hi - lo, row_items=row_items, pxg=pxg, c_lo=c_lo, cs=cs,
+                chunk=chunk, kk=kk)
+
+
+def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
+    s = split(C, H, W, K, ranks, rank, scratch, wcap, ks)
+    per, S, pad = s["per"], s["ways"], ks // 2
+    lanes = []                                  # (active, way, window row, window column, first channel)
+    for t in range(THREADS):
+        i, way = t % per, t // per
+        active = way < S and i < s["n_items"]
+        item = s["lo"] + (i if active else 0)
+        g, rest = divmod(item, s["row_items"])
+        y0, j = divmod(rest, s["pxg"])
+        lanes.append((active, way, y0, j, 4 * g))
+    out = dict(lds32=0, lds32_ideal=0, lds128=0, lds128_ideal=0, **{k: s[k] for k in ("per", "ways", "chunk", "cs")})
+    for w in range(THREADS // 32):
+        warp = lanes[32 * w:32 * w + 32]
+        for c0 in range(0, C, s["chunk"]):
+            c1 = min(c0 + s["chunk"], C)
+            rounds = max((len(range(c0 + way, c1, S)) for a, way, *_ in warp if a), default=0)
+            for r in range(rounds):
+                for ky in range(ks):
+                    for kx in range(ks):
+                        groups = defaultdict(set)     # the weights' float4: 16-byte address by 4-bank group
+                        for a, way, y0, j, co0 in warp:
+                            ci = c0 + way + r * S
+                            if a and ci < c1:
+                                addr = ((ci - c0) * s["kk"] + ky * ks + kx) * s["cs"] + (co0 - s["c_lo"])
+                                groups[(addr // 4) % 8].add(addr // 4)
+                        if groups:
+                            out["lds128"] += max(len(v) for v in groups.values())
+                            out["lds128_ideal"] += 1
+                        for p in range(4):            # the window's four pixels, row by row
+                            banks = defaultdict(set)
+                            for a, way, y0, j, co0 in warp:
+                                ci = c0 + way + r * S
+                                y, x = 2 * y0 + p // 2 - pad + ky, 2 * j + p % 2 - pad + kx
+                                if a and ci < c1 and 0 <= y < H and 0 <= x < W:
+                                    addr = ci * H * W + y * W + x
+                                    banks[addr % 32].add(addr)
+                            if banks:
+                                out["lds32"] += max(len(v) for v in banks.values())
+                                out["lds32_ideal"] += 1
+    out["us_at_2ghz"] = round((out["lds32"] + out["lds128"]) / 2e3, 2)
+    out["ideal_us"] = round((out["lds32_ideal"] + out["lds128_ideal"]) / 2e3, 2)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("layers", nargs="*", default=["3,32,32,24", "24,16,16,48", "48,8,8,96"],
+                   help="C,H,W,K of 3x3 convolutions (padding 1) with a 2x2 max pooling folded in")
+    p.add_argument("--ranks", type=int, default=16)
+    p.add_argument("--scratch", type=int, default=6144, help="floats of the layer's input buffer (the table's)")
+    p.add_argument("--wcap", type=int, default=3456, help="floats of staged weights (the table's)")
+    a = p.parse_args()
+    for layer in a.layers:
+        C, H, W, K = (int(v) for v in layer.split(","))
+        print(f"conv {C}->{K} on {H}x{W} +pool, {a.ranks} blocks:", wavefronts(C, H, W, K, a.ranks, 0, a.scratch,
+                                                                           a.wcap))
+
+
+if __name__ == "__main__":
+    main()

@@ -96,6 +96,65 @@ def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
     return out
 
 
+def pair_wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, ks=3, swap=True):
+    """The remapping to judge (not in the kernel): a lane pair shares a window of 8 channels (two groups), lane dx
+    taking column dx of both rows, so that a warp's lanes read consecutive columns; with ``swap`` the upper half-warp
+    reads the window's two rows in the other order (rows 2W + W apart: the other half of the banks).  16 sums a
+    thread as today, S ways with the scratch holding 16 values a thread; the weights' rows staged as today (8
+    channels: two float4 a tap, assumed staged whole: wcap not modelled)."""
+    kk, pad = ks * ks, ks // 2
+    QH, QW = H // 2, W // 2
+    pairs = -(-((K + 3) // 4) // 2)
+    row_items = QH * QW
+    items = pairs * row_items
+    per = -(-items // ranks)                    # window pairs a block
+    tpw = 2 * per                               # threads a way
+    S = min(THREADS // tpw, C, scratch // (16 * tpw))
+    lo = per * rank
+    n_items = min(per, items - lo)
+    c_lo = (lo // row_items) * 8
+    cs = (min(((lo + n_items - 1) // row_items + 1) * 8, K) - c_lo + 3) // 4 * 4
+    lanes = []
+    for t in range(THREADS):
+        i, way = t % tpw, t // tpw
+        item, dx = divmod(i, 2)
+        active = way < S and item < n_items
+        g, rest = divmod(lo + (item if active else 0), row_items)
+        y0, j = divmod(rest, QW)
+        lanes.append((active, way, y0, j, dx, (t % 32) >> 4, 8 * g))
+    out = dict(lds32=0, lds32_ideal=0, lds128=0, lds128_ideal=0, per=per, ways=S)
+    for w in range(THREADS // 32):
+        warp = lanes[32 * w:32 * w + 32]
+        rounds = max((len(range(way, C, S)) for a, way, *_ in warp if a), default=0)
+        for r in range(rounds):
+            for ky in range(ks):
+                for kx in range(ks):
+                    for half in range(2):       # the 8 channels' two float4
+                        groups = defaultdict(set)
+                        for a, way, y0, j, dx, h, co0 in warp:
+                            ci = way + r * S
+                            if a and ci < C:
+                                addr = (ci * kk + ky * ks + kx) * cs + (co0 - c_lo) + 4 * half
+                                groups[(addr // 4) % 8].add(addr // 4)
+                        if groups:
+                            out["lds128"] += max(len(v) for v in groups.values())
+                            out["lds128_ideal"] += 1
+                    for rr in range(2):
+                        banks = defaultdict(set)
+                        for a, way, y0, j, dx, h, co0 in warp:
+                            ci = way + r * S
+                            y, x = 2 * y0 + (rr ^ h if swap else rr) - pad + ky, 2 * j + dx - pad + kx
+                            if a and ci < C and 0 <= y < H and 0 <= x < W:
+                                addr = ci * H * W + y * W + x
+                                banks[addr % 32].add(addr)
+                        if banks:
+                            out["lds32"] += max(len(v) for v in banks.values())
+                            out["lds32_ideal"] += 1
+    out["us_at_2ghz"] = round((out["lds32"] + out["lds128"]) / 2e3, 2)
+    out["ideal_us"] = round((out["lds32_ideal"] + out["lds128_ideal"]) / 2e3, 2)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("layers", nargs="*", default=["3,32,32,24", "24,16,16,48", "48,8,8,96"],
@@ -106,8 +165,9 @@ def main():
     a = p.parse_args()
     for layer in a.layers:
         C, H, W, K = (int(v) for v in layer.split(","))
-        print(f"conv {C}->{K} on {H}x{W} +pool, {a.ranks} blocks:", wavefronts(C, H, W, K, a.ranks, 0, a.scratch,
-                                                                           a.wcap))
+        print(f"conv {C}->{K} on {H}x{W} +pool, {a.ranks} blocks: today", wavefronts(C, H, W, K, a.ranks, 0,
+                                                                                  a.scratch, a.wcap))
+        print(f"{'':>34s} lane pairs", pair_wavefronts(C, H, W, K, a.ranks, 0, a.scratch))
 
 
 if __name__ == "__main__":

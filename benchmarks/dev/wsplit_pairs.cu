@@ -1,0 +1,402 @@
+// benchmarks/dev/wsplit_pairs.cu -- does tile 7 (cpp/fused_net_wsplit.cuh: a one-image convolution with its 2x2 max
+// pooling folded in, the reduction split S ways between a block's threads) get faster when a lane pair shares a
+// window? benchmarks/dev/wsplit_banks.py (a CPU model of the loads) says the CNN's 24->48 and 48->96 layers spend
+// 5,364 and 4,644 shared-memory wavefronts where the pairs would spend 1,296 and 1,656: a lane's 2x2 window reads
+// columns 2j + dx, so a warp's lanes hit half the banks, and rows two apart fall on the same ones.
+//
+//   today   the library's conv_wsplit<3, max pool, SPLIT, STAGED> (included from cpp/), as the generated kernels call it
+//   pairs   a thread keeps 8 channels x one column (dx) of its window's two rows, its partner the other column, so
+//           a warp reads consecutive columns; the upper half-warp loads the window's rows in the other order (rows
+//           2W + W apart: the other banks), a select puts them back.  Two float4 of staged weights a tap.  The same
+//           sums in the same order (input channels of the way, taps, then the ways in order), so the same bits as
+//           today wherever both split the reduction the same S ways (the CNN's three layers do)
+//
+// One cluster of 16 blocks x 512 threads (one image, as the fused network runs it): every block holds the whole
+// input in shared memory; the layer's pooled outputs go to every block (store_all), rank 0 writes them out.  Checks:
+// each variant against a double-precision reference (conv + bias + ReLU + 2x2 max pool), and pairs' bits against
+// today's where their S agree.  Times: per layer, (launch of 11 layers - launch of 1) / 10, best of 5 rounds of 200.
+// Exit status: 0 all checks passed, 1 a check failed, 2 a CUDA error.
+//
+//   INC=$(ls -d build/temp*/cuda_include | head -1)     # the library's build: cudnn/cublas headers for common.cuh
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I cpp -I $INC -o /tmp/wsplit_pairs benchmarks/dev/wsplit_pairs.cu && /tmp/wsplit_pairs
+//   /tmp/wsplit_pairs --cpu     # the pairs' index math emulated on the host against the reference: runs without a GPU
+//
+// Written in session 34 after its device time was spent: not yet run on a GPU.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cydnn.h"
+#include "fused_net_conv.cuh"   // conv_wsplit, store_all, pool4, kWsplitThreads (the library's, unchanged)
+#include "dev_util.cuh"
+
+namespace cg = cooperative_groups;
+
+constexpr int kRanks = 16, kThreads = kWsplitThreads;
+constexpr long kBuf = 6144, kWcap = 3456;   // the CNN's table at 16 blocks: activation buffers, staged weights (floats)
+
+// ------------------------------------------------------------------------------------------ the pairs' geometry
+// A work item: 8 output channels (two groups of 4) x one 2x2 window; two threads a work item a way (dx = 0, 1).
+struct PairGeo {
+    int QH, QW, row_items, tpw, S, n_items, c_lo, c_span, cs, chunk, kk;
+    long lo;
+};
+
+__host__ __device__ inline PairGeo pair_geo(const cydnnNetLayer &L, int rank, int ranks, long wcap, long scratch_cap) {
+    PairGeo g;
+    g.kk = L.kh * L.kw;
+    g.QH = L.oh / 2, g.QW = L.ow / 2;
+    g.row_items = g.QH * g.QW;
+    const long items = (long)((L.k + 7) / 8) * g.row_items;
+    const long per = (items + ranks - 1) / ranks;
+    g.tpw = (int)(2 * per);
+    long S = kThreads / g.tpw;
+    if (S > L.c) S = L.c;
+    if (S > scratch_cap / (16L * g.tpw)) S = scratch_cap / (16L * g.tpw);
+    g.S = (int)S;
+    g.lo = per * rank;
+    const long hi = g.lo + per < items ? g.lo + per : items;
+    g.n_items = (int)(hi - g.lo);
+    g.c_lo = g.n_items > 0 ? (int)(g.lo / g.row_items) * 8 : 0;
+    const int c_hi = g.n_items > 0 ? (int)((hi - 1) / g.row_items + 1) * 8 : 0;
+    g.c_span = (c_hi < L.k ? c_hi : L.k) - g.c_lo;
+    g.cs = (g.c_span + 7) / 8 * 8;                     // rows of 8 channels: a tap's two float4
+    const long fit = g.cs > 0 ? wcap / ((long)g.cs * g.kk) : 0;
+    g.chunk = fit <= 0 ? 0 : (fit < L.c ? (int)fit : L.c);   // 0: does not stage (the dev program refuses it)
+    return g;
+}
+
+// Thread t's work item m (in the block), column dx, way s, and whether it loads its window's rows swapped.
+struct PairThread {
+    int m, dx, s, swap;
+    bool active;
+};
+
+__host__ __device__ inline PairThread pair_thread(const PairGeo &g, int t) {
+    PairThread p;
+    const int i = t % g.tpw;
+    p.s = t / g.tpw, p.m = i / 2, p.dx = i % 2, p.swap = (t >> 4) & 1;
+    p.active = p.s < g.S && p.m < g.n_items;
+    return p;
+}
+
+// Work item m's channel group (of 8), window row and column.
+__host__ __device__ inline void pair_item(const PairGeo &g, int m, int &grp, int &wy, int &wx) {
+    const long item = g.lo + m;
+    grp = (int)(item / g.row_items);
+    const int rest = (int)(item - (long)grp * g.row_items);
+    wy = rest / g.QW, wx = rest - wy * g.QW;
+}
+
+// ------------------------------------------------------------------------------------------ the pairs' layer
+// As conv_wsplit<KS, POOL, true, true>: the same arguments; `scratch` is the layer's input buffer.
+template <int KS, int POOL>
+__device__ void conv_pairs(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster, int rank,
+                           int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, PH = L.ph, PW = L.pw;
+    const PairGeo g = pair_geo(L, rank, ranks, wcap, scratch_cap);
+    if (g.n_items <= 0 || g.chunk == 0 || g.S < 1) return;          // block-uniform
+    const int kk = KS * KS, ksize = C * kk;
+    const PairThread p = pair_thread(g, threadIdx.x);
+    int grp, wy, wx;
+    pair_item(g, p.active ? p.m : 0, grp, wy, wx);
+    const int co0 = grp * 8;
+    float acc[8][2];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) acc[a][0] = acc[a][1] = 0.0f;
+    for (int c0 = 0; c0 < C; c0 += g.chunk) {
+        const int c1 = c0 + g.chunk < C ? c0 + g.chunk : C;
+        if (c0 > 0) __syncthreads();                               // the last chunk's weights are read
+        const int row = (c1 - c0) * kk, n = g.cs * row;            // stage [c_lo, c_lo + cs) x [c0, c1) as [tap][cs],
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {        // zeros past the layer's channels
+            const int co = e / row, r = e - co * row;
+            wbuf[r * g.cs + co] = co < g.c_span ? __ldg(L.weight + (long)(g.c_lo + co) * ksize + (long)c0 * kk + r) : 0.0f;
+        }
+        __syncthreads();
+        if (!p.active) continue;
+        for (int ci = c0 + p.s; ci < c1; ci += g.S) {
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KS; ++ky) {
+#pragma unroll
+                for (int kx = 0; kx < KS; ++kx) {
+                    const float *wp = wbuf + ((ci - c0) * kk + ky * KS + kx) * g.cs + (co0 - g.c_lo);
+                    const float4 wa = *reinterpret_cast<const float4 *>(wp);
+                    const float4 wb = *reinterpret_cast<const float4 *>(wp + 4);
+                    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+                    const int x = 2 * wx + p.dx - PW + kx;
+                    const int ya = 2 * wy + p.swap - PH + ky, yb = 2 * wy + (1 - p.swap) - PH + ky;
+                    const bool xin = x >= 0 && x < W;
+                    const float va = xin && ya >= 0 && ya < H ? plane[ya * W + x] : 0.0f;   // loaded first
+                    const float vb = xin && yb >= 0 && yb < H ? plane[yb * W + x] : 0.0f;
+                    const float x0 = p.swap ? vb : va, x1 = p.swap ? va : vb;              // the window's rows 0, 1
+#pragma unroll
+                    for (int a = 0; a < 8; ++a) {
+                        acc[a][0] = fmaf(w[a], x0, acc[a][0]);
+                        acc[a][1] = fmaf(w[a], x1, acc[a][1]);
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();                                               // every thread has read `in`: it is scratch now
+    if (p.active) {
+        const int i = threadIdx.x % g.tpw;
+#pragma unroll
+        for (int a = 0; a < 8; ++a)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) scratch[((long)p.s * 16 + a * 2 + r) * g.tpw + i] = acc[a][r];
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < g.n_items * 8; o += blockDim.x) {
+        const int v = o / g.n_items, m = o - v * g.n_items;       // channel v of the block's work item m
+        int gm, ym, xm;
+        pair_item(g, m, gm, ym, xm);
+        const int co = gm * 8 + v;
+        if (co >= K) continue;
+        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                  // the window's pixels row by row: (r, dx) = p / 2, p % 2
+        for (int w = 0; w < g.S; ++w)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) sums[q] += scratch[((long)w * 16 + v * 2 + q / 2) * g.tpw + 2 * m + q % 2];
+        store_all(cluster, next, ranks, ((long)co * g.QH + ym) * g.QW + xm, pool4<POOL>(L, sums, co));
+    }
+}
+
+// ------------------------------------------------------------------------------------------ the kernels
+// One image: every block loads the whole input; `reps` layers (the same one, a cluster barrier after each, the
+// input buffer swapped as the network does: from the second on the values are not checked, only timed).
+template <int VARIANT>
+__global__ void __launch_bounds__(kThreads, 1) layer_kernel(const cydnnNetLayer L, const float *x, float *y, int reps) {
+    extern __shared__ float4 smem4[];
+    float *smem = reinterpret_cast<float *>(smem4);
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank(), ranks = (int)cluster.num_blocks();
+    float *cur = smem, *next = smem + kBuf, *wbuf = smem + 2 * kBuf;
+    for (int i = threadIdx.x; i < L.c * L.h * L.w; i += blockDim.x) cur[i] = x[i];
+    cluster.sync();
+    for (int rep = 0; rep < reps; ++rep) {
+        if (VARIANT == 0)
+            conv_wsplit<3, CYDNN_NET_MAX_POOL, true, true>(L, cur, next, cluster, rank, ranks, wbuf, kWcap, cur, kBuf);
+        else
+            conv_pairs<3, CYDNN_NET_MAX_POOL>(L, cur, next, cluster, rank, ranks, wbuf, kWcap, cur, kBuf);
+        cluster.sync();
+        if (rep + 1 < reps) {                                       // the next layer reads what this one wrote
+            float *t = cur;
+            cur = next;
+            next = t;
+        }
+    }
+    if (rank == 0)
+        for (int i = threadIdx.x; i < L.k * (L.oh / 2) * (L.ow / 2); i += blockDim.x) y[i] = next[i];
+}
+
+// ------------------------------------------------------------------------------------------ host side
+struct Case { int c, h, w, k; };
+
+static cydnnNetLayer make_layer(const Case &cs, const float *weight, const float *bias) {
+    cydnnNetLayer L;
+    std::memset(&L, 0, sizeof(L));
+    L.op = CYDNN_NET_CONV, L.tile = 7, L.pool = CYDNN_NET_MAX_POOL;
+    L.c = cs.c, L.h = cs.h, L.w = cs.w, L.k = cs.k, L.oh = cs.h, L.ow = cs.w;
+    L.kh = L.kw = 3, L.sh = L.sw = 1, L.ph = L.pw = 1;
+    L.weight = weight, L.bias = bias;
+    L.num_epi = 1, L.epi[0] = CYDNN_NET_EPI_ACT, L.act = CYDNN_ACT_RELU;
+    return L;
+}
+
+// conv 3x3 (padding 1) + bias + ReLU + 2x2 max pool, in double: (k, h/2, w/2)
+static std::vector<double> reference(const Case &cs, const std::vector<float> &x, const std::vector<float> &wt,
+                                     const std::vector<float> &b) {
+    const int QH = cs.h / 2, QW = cs.w / 2;
+    std::vector<double> out((size_t)cs.k * QH * QW);
+    for (int k = 0; k < cs.k; ++k)
+        for (int qy = 0; qy < QH; ++qy)
+            for (int qx = 0; qx < QW; ++qx) {
+                double best = -INFINITY;
+                for (int p = 0; p < 4; ++p) {
+                    const int oy = 2 * qy + p / 2, ox = 2 * qx + p % 2;
+                    double s = b[k];
+                    for (int c = 0; c < cs.c; ++c)
+                        for (int ky = 0; ky < 3; ++ky)
+                            for (int kx = 0; kx < 3; ++kx) {
+                                const int iy = oy - 1 + ky, ix = ox - 1 + kx;
+                                if (iy >= 0 && iy < cs.h && ix >= 0 && ix < cs.w)
+                                    s += (double)wt[((k * cs.c + c) * 3 + ky) * 3 + kx] * x[(c * cs.h + iy) * cs.w + ix];
+                            }
+                    best = std::max(best, std::max(s, 0.0));
+                }
+                out[((size_t)k * QH + qy) * QW + qx] = best;
+            }
+    return out;
+}
+
+static double max_err(const std::vector<float> &got, const std::vector<double> &want) {
+    double e = 0;
+    for (size_t i = 0; i < want.size(); ++i) e = std::max(e, std::fabs((double)got[i] - want[i]));
+    return e;
+}
+
+// The pairs' layer on the host, block by block, thread by thread, with pair_geo / pair_thread / pair_item and the
+// kernel's loops and order (float arithmetic, fmaf): what --cpu checks without a GPU.
+static std::vector<float> emulate_pairs(const Case &cs, const std::vector<float> &x, const std::vector<float> &wt,
+                                        const std::vector<float> &b, int &ways) {
+    const cydnnNetLayer L = make_layer(cs, wt.data(), b.data());
+    const int QH = cs.h / 2, QW = cs.w / 2, kk = 9, ksize = cs.c * kk;
+    std::vector<float> out((size_t)cs.k * QH * QW, NAN);
+    std::vector<int> written(out.size(), 0);
+    for (int rank = 0; rank < kRanks; ++rank) {
+        const PairGeo g = pair_geo(L, rank, kRanks, kWcap, kBuf);
+        ways = g.S;
+        if (g.n_items <= 0) continue;
+        if (g.chunk == 0) return {};
+        std::vector<float> scratch((size_t)g.S * 16 * g.tpw, NAN);
+        for (int t = 0; t < kThreads; ++t) {
+            const PairThread p = pair_thread(g, t);
+            if (!p.active) continue;
+            int grp, wy, wx;
+            pair_item(g, p.m, grp, wy, wx);
+            float acc[8][2] = {};
+            for (int c0 = 0; c0 < cs.c; c0 += g.chunk) {
+                const int c1 = std::min(c0 + g.chunk, cs.c);
+                std::vector<float> wbuf((size_t)(c1 - c0) * kk * g.cs);   // staged as the kernel stages
+                const int row = (c1 - c0) * kk;
+                for (int e = 0; e < g.cs * row; ++e) {
+                    const int co = e / row, r = e - co * row;
+                    wbuf[(size_t)r * g.cs + co] = co < g.c_span ? wt[(size_t)(g.c_lo + co) * ksize + (size_t)c0 * kk + r] : 0.0f;
+                }
+                for (int ci = c0 + p.s; ci < c1; ci += g.S)
+                    for (int ky = 0; ky < 3; ++ky)
+                        for (int kx = 0; kx < 3; ++kx) {
+                            const float *wp = wbuf.data() + ((size_t)(ci - c0) * kk + ky * 3 + kx) * g.cs + (grp * 8 - g.c_lo);
+                            const int xx = 2 * wx + p.dx - 1 + kx;
+                            float v[2];
+                            for (int r = 0; r < 2; ++r) {
+                                const int yy = 2 * wy + r - 1 + ky;
+                                v[r] = xx >= 0 && xx < cs.w && yy >= 0 && yy < cs.h ? x[((size_t)ci * cs.h + yy) * cs.w + xx] : 0.0f;
+                            }
+                            for (int a = 0; a < 8; ++a)
+                                for (int r = 0; r < 2; ++r) acc[a][r] = std::fmaf(wp[a], v[r], acc[a][r]);
+                        }
+            }
+            const int i = t % g.tpw;
+            for (int a = 0; a < 8; ++a)
+                for (int r = 0; r < 2; ++r) scratch[((size_t)p.s * 16 + a * 2 + r) * g.tpw + i] = acc[a][r];
+        }
+        for (int o = 0; o < g.n_items * 8; ++o) {
+            const int v = o / g.n_items, m = o - v * g.n_items;
+            int gm, ym, xm;
+            pair_item(g, m, gm, ym, xm);
+            const int co = gm * 8 + v;
+            if (co >= cs.k) continue;
+            float sums[4] = {0, 0, 0, 0};
+            for (int w = 0; w < g.S; ++w)
+                for (int q = 0; q < 4; ++q) sums[q] += scratch[((size_t)w * 16 + v * 2 + q / 2) * g.tpw + 2 * m + q % 2];
+            float best = -INFINITY;                                   // pool4: the epilogue, then strictly greater wins
+            for (int q = 0; q < 4; ++q) {
+                const float e = std::max(sums[q] + b[co], 0.0f);
+                if (e > best) best = e;
+            }
+            const size_t at = ((size_t)co * QH + ym) * QW + xm;
+            out[at] = best;
+            ++written[at];
+        }
+    }
+    for (int n : written)
+        if (n != 1) return {};                                        // an output written twice or never
+    return out;
+}
+
+int main(int argc, char **argv) {
+    const bool cpu = argc > 1 && std::string(argv[1]) == "--cpu";
+    const Case cases[] = {{3, 32, 32, 24}, {24, 16, 16, 48}, {48, 8, 8, 96}, {20, 16, 16, 20}};
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int status = 0;
+    for (const Case &cs : cases) {
+        std::vector<float> x((size_t)cs.c * cs.h * cs.w), wt((size_t)cs.k * cs.c * 9), b(cs.k);
+        for (auto &v : x) v = nd(rng);
+        for (auto &v : wt) v = nd(rng) / std::sqrt(9.0f * cs.c);
+        for (auto &v : b) v = 0.1f * nd(rng);
+        const auto want = reference(cs, x, wt, b);
+        const double tol = 1e-5 * (1 + std::fabs(*std::max_element(want.begin(), want.end())));
+        if (cpu) {
+            int ways = 0;
+            const auto got = emulate_pairs(cs, x, wt, b, ways);
+            const bool ok = !got.empty() && max_err(got, want) <= tol;
+            printf("cpu conv %d->%d on %dx%d: pairs, %d ways: max err %.2e  %s\n", cs.c, cs.k, cs.h, cs.w, ways,
+                   got.empty() ? -1.0 : max_err(got, want), ok ? "ok" : "FAILED");
+            status |= ok ? 0 : 1;
+            continue;
+        }
+        float *dx = to_device(x), *dw = to_device(wt), *db = to_device(b), *dy;
+        const size_t outs = (size_t)cs.k * (cs.h / 2) * (cs.w / 2);
+        CK(cudaMalloc(&dy, outs * 4));
+        const cydnnNetLayer L = make_layer(cs, dw, db);
+        const size_t smem = (2 * kBuf + kWcap) * 4;
+        auto run = [&](auto kernel, int reps) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(kRanks), cfg.blockDim = dim3(kThreads), cfg.dynamicSmemBytes = smem;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = kRanks, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+            cfg.attrs = at, cfg.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&cfg, kernel, L, (const float *)dx, dy, reps));
+        };
+        auto k0 = layer_kernel<0>, k1 = layer_kernel<1>;
+        for (auto k : {k0, k1}) {
+            CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            CK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        }
+        std::vector<float> got[2];
+        for (int v = 0; v < 2; ++v) {
+            CK(cudaMemset(dy, 0xff, outs * 4));
+            run(v == 0 ? k0 : k1, 1);
+            CK(cudaDeviceSynchronize());
+            got[v].resize(outs);
+            CK(cudaMemcpy(got[v].data(), dy, outs * 4, cudaMemcpyDeviceToHost));
+        }
+        // today's ways (conv_wsplit's wsplit_ways for a block of `per` work items of 4 channels) against the pairs'
+        const long per4 = ((long)((cs.k + 3) / 4) * (cs.h / 2) * (cs.w / 2) + kRanks - 1) / kRanks;
+        const long today_ways = std::min<long>({kThreads / per4, (long)cs.c, kBuf / (16 * per4)});
+        const cydnnNetLayer Lh = make_layer(cs, wt.data(), b.data());
+        const bool same_ways = pair_geo(Lh, 0, kRanks, kWcap, kBuf).S == today_ways;
+        const bool same = std::memcmp(got[0].data(), got[1].data(), outs * 4) == 0;
+        double best[2] = {1e30, 1e30};
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        for (int round = 0; round < 5; ++round)
+            for (int v = 0; v < 2; ++v) {
+                float ms[2];
+                for (int which = 0; which < 2; ++which) {
+                    const int reps = which ? 11 : 1;
+                    run(v == 0 ? k0 : k1, reps);
+                    CK(cudaEventRecord(e0));
+                    for (int i = 0; i < 200; ++i) run(v == 0 ? k0 : k1, reps);
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaEventElapsedTime(&ms[which], e0, e1));
+                }
+                best[v] = std::min(best[v], 1e3 * (ms[1] - ms[0]) / 200 / 10);
+            }
+        const double err0 = max_err(got[0], want), err1 = max_err(got[1], want);
+        const bool ok = err0 <= tol && err1 <= tol && (same || !same_ways);   // the same ways: the same sums, bits
+        printf("conv %d->%d on %dx%d +pool: today %.2f us (err %.1e), pairs %.2f us (err %.1e), bits %s  %s\n", cs.c,
+               cs.k, cs.h, cs.w, best[0], err0, best[1], err1, same ? "equal" : (same_ways ? "differ" : "-"),
+               ok ? "ok" : "FAILED");
+        status |= ok ? 0 : 1;
+        CK(cudaFree(dx));
+        CK(cudaFree(dw));
+        CK(cudaFree(db));
+        CK(cudaFree(dy));
+    }
+    printf(status ? "a check failed\n" : "all checks passed\n");
+    return status;
+}

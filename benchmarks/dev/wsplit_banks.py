@@ -51,6 +51,32 @@ def split(C, H, W, K, ranks, rank, scratch, wcap, ks=3):
                 chunk=chunk, kk=kk)
 
 
+def _lds32(out, addrs):
+    """One warp's 32-bit shared load (word addresses): the most distinct addresses in one bank."""
+    banks = defaultdict(set)
+    for addr in addrs:
+        banks[addr % 32].add(addr)
+    if banks:
+        out["lds32"] += max(len(v) for v in banks.values())
+        out["lds32_ideal"] += 1
+
+
+def _lds128(out, addrs):
+    """One warp's 128-bit shared load (word addresses of float4s): the most distinct ones in one 4-bank group."""
+    groups = defaultdict(set)
+    for addr in addrs:
+        groups[(addr // 4) % 8].add(addr // 4)
+    if groups:
+        out["lds128"] += max(len(v) for v in groups.values())
+        out["lds128_ideal"] += 1
+
+
+def _timed(out):
+    out["us_at_2ghz"] = round((out["lds32"] + out["lds128"]) / 2e3, 2)
+    out["ideal_us"] = round((out["lds32_ideal"] + out["lds128_ideal"]) / 2e3, 2)
+    return out
+
+
 def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
     s = split(C, H, W, K, ranks, rank, scratch, wcap, ks)
     per, S, pad = s["per"], s["ways"], ks // 2
@@ -71,29 +97,14 @@ def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
             for r in range(rounds):
                 for ky in range(ks):
                     for kx in range(ks):
-                        groups = defaultdict(set)     # the weights' float4: 16-byte address by 4-bank group
-                        for a, way, y0, j, co0 in warp:
-                            ci = c0 + way + r * S
-                            if a and ci < c1:
-                                addr = ((ci - c0) * s["kk"] + ky * ks + kx) * s["cs"] + (co0 - s["c_lo"])
-                                groups[(addr // 4) % 8].add(addr // 4)
-                        if groups:
-                            out["lds128"] += max(len(v) for v in groups.values())
-                            out["lds128_ideal"] += 1
+                        live = [(way, y0, j, co0) for a, way, y0, j, co0 in warp if a and c0 + way + r * S < c1]
+                        _lds128(out, [((way + r * S) * s["kk"] + ky * ks + kx) * s["cs"] + (co0 - s["c_lo"])
+                                      for way, y0, j, co0 in live])      # the weights' float4
                         for p in range(4):            # the window's four pixels, row by row
-                            banks = defaultdict(set)
-                            for a, way, y0, j, co0 in warp:
-                                ci = c0 + way + r * S
-                                y, x = 2 * y0 + p // 2 - pad + ky, 2 * j + p % 2 - pad + kx
-                                if a and ci < c1 and 0 <= y < H and 0 <= x < W:
-                                    addr = ci * H * W + y * W + x
-                                    banks[addr % 32].add(addr)
-                            if banks:
-                                out["lds32"] += max(len(v) for v in banks.values())
-                                out["lds32_ideal"] += 1
-    out["us_at_2ghz"] = round((out["lds32"] + out["lds128"]) / 2e3, 2)
-    out["ideal_us"] = round((out["lds32_ideal"] + out["lds128_ideal"]) / 2e3, 2)
-    return out
+                            _lds32(out, [(c0 + way + r * S) * H * W + y * W + x for way, y0, j, co0 in live
+                                         for y, x in [(2 * y0 + p // 2 - pad + ky, 2 * j + p % 2 - pad + kx)]
+                                         if 0 <= y < H and 0 <= x < W])
+    return _timed(out)
 
 
 def pair_wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, ks=3, swap=True):
@@ -129,30 +140,16 @@ def pair_wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, ks=3, swap=True)
         for r in range(rounds):
             for ky in range(ks):
                 for kx in range(ks):
+                    live = [(way + r * S, y0, j, dx, h, co0) for a, way, y0, j, dx, h, co0 in warp
+                            if a and way + r * S < C]
                     for half in range(2):       # the 8 channels' two float4
-                        groups = defaultdict(set)
-                        for a, way, y0, j, dx, h, co0 in warp:
-                            ci = way + r * S
-                            if a and ci < C:
-                                addr = (ci * kk + ky * ks + kx) * cs + (co0 - c_lo) + 4 * half
-                                groups[(addr // 4) % 8].add(addr // 4)
-                        if groups:
-                            out["lds128"] += max(len(v) for v in groups.values())
-                            out["lds128_ideal"] += 1
+                        _lds128(out, [(ci * kk + ky * ks + kx) * cs + (co0 - c_lo) + 4 * half
+                                      for ci, y0, j, dx, h, co0 in live])
                     for rr in range(2):
-                        banks = defaultdict(set)
-                        for a, way, y0, j, dx, h, co0 in warp:
-                            ci = way + r * S
-                            y, x = 2 * y0 + (rr ^ h if swap else rr) - pad + ky, 2 * j + dx - pad + kx
-                            if a and ci < C and 0 <= y < H and 0 <= x < W:
-                                addr = ci * H * W + y * W + x
-                                banks[addr % 32].add(addr)
-                        if banks:
-                            out["lds32"] += max(len(v) for v in banks.values())
-                            out["lds32_ideal"] += 1
-    out["us_at_2ghz"] = round((out["lds32"] + out["lds128"]) / 2e3, 2)
-    out["ideal_us"] = round((out["lds32_ideal"] + out["lds128_ideal"]) / 2e3, 2)
-    return out
+                        _lds32(out, [ci * H * W + y * W + x for ci, y0, j, dx, h, co0 in live
+                                     for y, x in [(2 * y0 + (rr ^ h if swap else rr) - pad + ky, 2 * j + dx - pad + kx)]
+                                     if 0 <= y < H and 0 <= x < W])
+    return _timed(out)
 
 
 def main():

@@ -58,28 +58,29 @@ public:
         return true;
     }
 
-    // The pool of this process (made now if need be), or nullptr when another thread is making it.
+    // The pool of this process (made now if need be), or nullptr when another thread is making it.  The pid is
+    // the pool's own (one pointer to load): a pid and a pointer kept apart could be read half old, half new by a
+    // child's thread while another makes the child's pool, and hand it the parent's, whose threads it has not.
     static CopyPool *of_this_process() {
         static std::atomic<CopyPool *> pool{nullptr};
-        static std::atomic<pid_t> owner{0};
         static std::mutex making;
         const pid_t pid = getpid();
         CopyPool *p = pool.load(std::memory_order_acquire);
-        if (p != nullptr && owner.load(std::memory_order_acquire) == pid) return p;
+        if (p != nullptr && p->pid_ == pid) return p;
         // None yet, or the parent's (after fork): a new one.  try_lock: a mutex copied locked by fork()
         // must not hang the child, which then starts its own threads for this fill.
         std::unique_lock<std::mutex> l(making, std::try_to_lock);
         if (!l.owns_lock()) return nullptr;
         p = pool.load(std::memory_order_acquire);
-        if (p != nullptr && owner.load(std::memory_order_acquire) == pid) return p;
-        p = new (std::nothrow) CopyPool;                      // never freed (see the top of the file)
-        if (p == nullptr) return nullptr;
-        owner.store(pid, std::memory_order_release);
-        pool.store(p, std::memory_order_release);
+        if (p != nullptr && p->pid_ == pid) return p;
+        p = new (std::nothrow) CopyPool(pid);                 // never freed (see the top of the file)
+        if (p != nullptr) pool.store(p, std::memory_order_release);
         return p;
     }
 
 private:
+    explicit CopyPool(pid_t pid) : pid_(pid) {}
+
     // Workers up to `want` (under busy_): a refused thread leaves the pool as it is.
     void grow(int want) {
         if (want > kMaxPool) want = kMaxPool;
@@ -119,6 +120,7 @@ private:
     size_t slice_ = 0, given_ = 0;       // workers 0 .. given_ - 1 copy slice i
     std::atomic<int> left_{0};           // slices not yet copied by the workers
     int workers_ = 0;                    // changed under busy_ only
+    const pid_t pid_;                    // the process whose threads these are
 };
 
 // dst <- src (n bytes) with up to `threads` threads, the calling thread taking the last slice.

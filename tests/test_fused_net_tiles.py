@@ -18,7 +18,8 @@ SHAPES = {"first": ((3, 32, 32), 24, (3, 3), (1, 1), (1, 1)),
           "odd": ((7, 11, 10), 10, (3, 2), (2, 1), (1, 0)),
           "five": ((5, 9, 9), 6, (5, 5), (2, 2), (2, 2)),
           "pointwise": ((16, 6, 6), 33, (1, 1), (1, 1), (0, 0)),
-          "wide": ((5, 18, 36), 20, (3, 2), (1, 2), (1, 1))}      # pooled: the lane pairs, strided, an odd width
+          "wide": ((5, 18, 36), 20, (3, 2), (1, 2), (1, 1)),     # pooled: strided, a 3x2 kernel, an odd width
+          "unpadded": ((4, 10, 12), 8, (3, 3), (1, 1), (0, 0))}  # pooled: the 4x4 patches without padding
 TILES = [t[0] for t in fused_tiles.TILES]
 
 
@@ -95,15 +96,10 @@ def test_nvrtc_compiles_the_split_and_folded_instances_of_a_network(ranks):
     buf = -(-max([3 * 32 * 32] + [fused_tiles.size(d) for d in out]) // 4) * 4
     text = fused_net_gen.source(out, ranks, 4000, buf, 3 * 32 * 32, 10, True)
     convs = [line for line in text.splitlines() if "conv_wsplit<" in line]
-    args = [line.split("conv_wsplit<")[1].split(">")[0].split(", ") for line in convs]    # KS, POOL, SPLIT, STAGED, PAIRS
-    assert all(len(a) == 5 for a in args)                            # every one pooled: PAIRS said
-    split = [a[2] == "true" for a in args]
-    convs_d = [d for d in out if d["op"] == "conv"]
-    pairs = [fused_tiles.pairs_run(d, ranks, buf, 4000) for d in convs_d]
-    assert [a[4] == "1" for a in args] == pairs
-    assert not pairs[-1] and (any(pairs) if ranks == 16 else True)   # 48->96 on 8x8: too narrow for the pairs
-    assert [a[3] == "true" for a in args] == [p or fused_tiles.stages_all(d, ranks, 4000) for p, d in zip(pairs, convs_d)]
-    assert split == [p or fused_tiles.wsplit_ways(d, ranks, buf) >= 2 for p, d in zip(pairs, convs_d)]
+    args = [line.split("conv_wsplit<")[1].split(">")[0].split(", ") for line in convs]    # KS, POOL[, SPLIT[, STAGED]]
+    split = [a[2:3] == ["true"] for a in args]
+    assert [a[3:] == ["true"] for a in args] == [fused_tiles.stages_all(d, ranks, 4000) for d in out if d["op"] == "conv"]
+    assert split == [fused_tiles.wsplit_ways(d, ranks, buf) >= 2 for d in out if d["op"] == "conv"]
     assert any(split) == (ranks > 1) and all(split) == (ranks == 16)     # at 4 blocks: both kinds
     assert "conv_wsplit<3, %d" % _C.NET_OPS["avg_pool"] in convs[0] and "RANKS, red);" in text
     assert ("RANKS, nullptr);" in text) == (ranks < 16)                   # fc1's 128 rows split only at 16 blocks
@@ -284,7 +280,7 @@ def test_what_folds_into_the_convolution():
     assert fused_tiles.size(dict(deeper, pool=_C.NET_OPS["avg_pool"])) == 128 * 3 * 3
 
 
-POOLED = ("first", "mid", "deep", "deeper", "odd", "five", "wide")
+POOLED = ("first", "mid", "deep", "deeper", "odd", "five", "wide", "unpadded")
 
 
 def _pooled(name, kind, device):

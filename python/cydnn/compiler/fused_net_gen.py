@@ -72,9 +72,7 @@ def _call(d, ranks=0, buf_floats=0, wcap=None):
     wsplit_ways), the instance says so (SPLIT) and its one-way paths are not compiled.  Where every block
     of the cluster stages the layer's weights in ``wcap`` floats (fused_tiles.stages_all), the instance says
     so too (STAGED) and the reads through the read-only cache are not compiled: NVRTC had made a second copy
-    of the layer's inner loop for them, which no block ran.  A pooled tile-7 layer says too whether it runs on
-    lane pairs (PAIRS 1: fused_tiles.pairs_run) or never (0), so that only one layout is compiled.  A linear
-    layer gets the scratch of its split
+    of the layer's inner loop for them, which no block ran.  A linear layer gets the scratch of its split
     between warps only where a block may split (fused_tiles.linear_splits)."""
     if d["op"] == "linear" and not (ranks and fused_tiles.linear_splits(d, ranks)):
         return _CALLS["linear"].replace(", red);", ", nullptr);")    # no block splits: the split not compiled
@@ -88,9 +86,6 @@ def _call(d, ranks=0, buf_floats=0, wcap=None):
         flags = ", true" if split else ""
         if staged:                    # (the one-way fallback, conv_layer<4, 4>, keeps its own check)
             flags = f", {'true' if split else 'false'}, true"
-        if d.get("pool") and ranks and wcap is not None:     # PAIRS: the lane pairs alone (1) or never (0)
-            pairs = fused_tiles.pairs_run(d, ranks, buf_floats, wcap)
-            flags = ", true, true, 1" if pairs else f", {str(bool(split)).lower()}, {str(bool(staged)).lower()}, 0"
         return f"{name}<{ks}, {int(d.get('pool', 0))}{flags}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP, cur, BUF);"
     return f"{name}<{args}, {ks}{', true' if staged else ''}>(L, cur, next, cluster, rank, RANKS, wbuf, WCAP);"
 

@@ -40,49 +40,6 @@ def wsplit_ways(layer, ranks, scratch_floats):
     return ways if ways >= 2 else 0
 
 
-def pairs_geometry(layer, ranks, rank):
-    """Tile 7's lane pairs for a pooled layer (cpp/fused_net_wsplit.cuh's wpairs_geo) in block ``rank``: (its work
-    items of 8 channels x one 2x2 window, threads a way, its staged channels' row length cs: a multiple of 8)."""
-    row = (layer["oh"] // 2) * (layer["ow"] // 2)
-    items = -(-layer["k"] // 8) * row
-    per = -(-items // ranks)
-    lo, hi = per * rank, min(per * rank + per, items)
-    if hi <= lo:
-        return 0, 2 * per, 0
-    span = min(((hi - 1) // row + 1) * 8, layer["k"]) - lo // row * 8
-    return hi - lo, 2 * per, -(-span // 8) * 8
-
-
-def pairs_ways(layer, ranks, scratch_floats):
-    """The ways the lane pairs split a block's reduction (wpairs_geo): as tile 7's, with two threads a work item;
-    0 where fewer than 2."""
-    _, tpw, _ = pairs_geometry(layer, ranks, 0)
-    ways = min(THREADS // tpw, layer["c"], scratch_floats // (16 * tpw))
-    return ways if ways >= 2 else 0
-
-
-PAIRS_MIN_WIDTH = 16    # cpp/fused_net_wsplit.cuh's kWpairsMinWidth: narrower input planes keep the 4-channel layout
-
-
-def pairs_run(layer, ranks, scratch_floats, wcap):
-    """Whether every block of a cluster runs a pooled tile-7 layer on lane pairs: an input plane of
-    PAIRS_MIN_WIDTH columns or more (measured: benchmarks/dev/wsplit_pairs.cu), 2 ways or more, and every block
-    with work stages at least one input channel's taps of its channels in ``wcap`` floats (else tile 7's
-    4-channel layout runs: conv_wsplit decides the same on the device)."""
-    if (not layer.get("pool") or int(layer.get("tile", 0)) != 7 or layer["w"] < PAIRS_MIN_WIDTH
-            or pairs_ways(layer, ranks, scratch_floats) < 2):
-        return False
-    return pairs_widest(layer, ranks) * layer["kh"] * layer["kw"] <= wcap
-
-
-def pairs_widest(layer, ranks):
-    """The widest staged row (channels) any block of the lane pairs can have, on which the device decides for the
-    whole cluster whether the weights stage (wpairs_geo): its work items spanning ceil(per / row) + 1 groups of 8."""
-    row = (layer["oh"] // 2) * (layer["ow"] // 2)
-    per = -(-(-(-layer["k"] // 8) * row) // ranks)
-    return min((-(-per // row) + 1) * 8, -(-layer["k"] // 8) * 8)
-
-
 def linear_parts(rows, n, warps=THREADS // 32, group=4):
     """The ways a linear layer's block splits each row group's inputs (cpp/fused_net_layers.cuh's
     linear_parts): ``rows`` rows a block, ``n`` input steps (float4s where the inputs are a multiple of 4),
@@ -183,16 +140,7 @@ def foldable(conv, pool):
 
 def staged(layer, ranks):
     """Floats of weights the block of a cluster with the most to stage needs for convolution ``layer``
-    (the channels its share of the work items touches; cpp/fused_net.cu's conv_layer); for a pooled tile-7 layer,
-    the more of its two layouts where the lane pairs may run (their rows are a multiple of 8 channels)."""
-    most = _staged_rows(layer, ranks)
-    if layer["op"] == "conv" and layer.get("pool") and layer["tile"] == 7 and layer["w"] >= PAIRS_MIN_WIDTH:
-        most = max(most, pairs_widest(layer, ranks) * layer["c"] * layer["kh"] * layer["kw"])
-    return most
-
-
-def _staged_rows(layer, ranks):
-    """``staged`` for the layout of 4-channel work items (conv_layer, conv_split, tile 7's other layout)."""
+    (the channels its share of the work items touches; cpp/fused_net.cu's conv_layer)."""
     if layer["op"] != "conv":
         return 0
     tco, tp = next((c, p) for code, c, p, _ in TILES if code == layer["tile"])
@@ -219,7 +167,7 @@ def stages_all(layer, ranks, wcap):
     the loop copies NVRTC made for them are not compiled)."""
     if layer["op"] != "conv":
         return False
-    most = _staged_rows(dict(layer, tile=int(layer.get("tile", 0))), ranks)     # (the pairs: pairs_run)
+    most = staged(dict(layer, tile=int(layer.get("tile", 0))), ranks)
     if int(layer.get("tile", 0)) == 7:
         most //= layer["c"]                            # one input channel's kh * kw taps of the block's channels
     return most <= wcap

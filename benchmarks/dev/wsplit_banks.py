@@ -21,8 +21,14 @@ apart (2W floats) and the ways' planes (H*W floats) fall on the same banks for W
     python3 benchmarks/dev/wsplit_banks.py 24,16,16,48 --ranks 8
 
 Not a measurement: a model of the kernel's address pattern, to judge remappings before writing them (a lane pair
-sharing a window, one column each, would read consecutive columns).  It follows the kernel as of session 34; where
-the kernel changes, this file must follow it.
+sharing a window, one column each, would read consecutive columns).  It follows the kernel as of session 35 (the
+4x4 patch: ``patch=True``); where the kernel changes, this file must follow it.
+
+Session 35 (the defaults: the CNN's table at 16 blocks): the patch's activation loads are 276 / 2,208 / 1,920
+wavefronts for the CNN's three layers against an ideal of 144 / 576 / 576 (the lane pairs: 162 / 648 / 1,008).
+Of the flips tried (every choice of a lane bit 2-4 or window-row bit 0-2 for columns and for rows, searched),
+columns flipped by lane bit 4 and rows by lane bit 3 ("lane bits 4, 3") reach the ideal on all three: ~0.07, 0.8
+and 0.7 us of loads at 2 GHz, for 32 selects an input channel (benchmarks/dev/wsplit_flip.patch, not yet run).
 """
 import argparse
 from collections import defaultdict
@@ -77,7 +83,28 @@ def _timed(out):
     return out
 
 
-def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
+def _shift(W):
+    """The bit of a window row that moves its first pixel's bank by another 32-word row: rows of windows are 2W words
+    apart, so for W >= 16 every window row starts on the same banks, for W = 8 every other one (16 apart)."""
+    return max(0, (16 // W).bit_length() - 1) if W < 16 else 0
+
+
+# (whether a lane loads its patch's columns in the order 1, 0, 3, 2; whether its rows in that order) from its lane,
+# window row y0 and the plane's width W: at each load, flipped lanes read the other parity of banks (columns) or
+# banks W words away (rows)
+FLIPS = {
+    "none": lambda lane, y0, W: (0, 0),
+    "half-warp": lambda lane, y0, W: (lane >> 4, 0),                                  # the upper 16 lanes' columns
+    "window row": lambda lane, y0, W: ((y0 >> _shift(W)) & 1, 0),                     # every other bank row's columns
+    "window row, rows": lambda lane, y0, W: ((y0 >> _shift(W)) & 1, (y0 >> (_shift(W) + 1)) & 1),   # and rows
+    "lane bits 4, 3": lambda lane, y0, W: ((lane >> 4) & 1, (lane >> 3) & 1),       # columns by bit 4, rows by 3
+}
+
+
+def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3, patch=False, flip="none"):
+    """Today's loads; ``patch``: each window's (ks + 1)^2 input patch loaded once an input channel (wsplit_sums since
+    session 35) instead of ks^2 x 4 pixels; ``flip`` (a FLIPS key, with the patch): lanes that load the patch's
+    columns or rows in the order 1, 0, 3, 2 -- at each load the flipped lanes read other banks."""
     s = split(C, H, W, K, ranks, rank, scratch, wcap, ks)
     per, S, pad = s["per"], s["ways"], ks // 2
     lanes = []                                  # (active, way, window row, window column, first channel)
@@ -95,6 +122,19 @@ def wavefronts(C, H, W, K, ranks=16, rank=0, scratch=6144, wcap=3456, ks=3):
             c1 = min(c0 + s["chunk"], C)
             rounds = max((len(range(c0 + way, c1, S)) for a, way, *_ in warp if a), default=0)
             for r in range(rounds):
+                if patch:
+                    live = [(lane, way, y0, j, co0) for lane, (a, way, y0, j, co0) in enumerate(warp)
+                            if a and c0 + way + r * S < c1]
+                    for pr in range(ks + 1):
+                        for pc in range(ks + 1):
+                            _lds32(out, [(c0 + way + r * S) * H * W + y * W + x for lane, way, y0, j, co0 in live
+                                         for fc, fr in [FLIPS[flip](lane, y0, W)]
+                                         for y, x in [(2 * y0 - pad + (pr ^ fr), 2 * j - pad + (pc ^ fc))]
+                                         if 0 <= y < H and 0 <= x < W])
+                    for tap in range(s["kk"]):
+                        _lds128(out, [((way + r * S) * s["kk"] + tap) * s["cs"] + (co0 - s["c_lo"])
+                                      for lane, way, y0, j, co0 in live])
+                    continue
                 for ky in range(ks):
                     for kx in range(ks):
                         live = [(way, y0, j, co0) for a, way, y0, j, co0 in warp if a and c0 + way + r * S < c1]
@@ -165,6 +205,9 @@ def main():
         print(f"conv {C}->{K} on {H}x{W} +pool, {a.ranks} blocks: today", wavefronts(C, H, W, K, a.ranks, 0,
                                                                                   a.scratch, a.wcap))
         print(f"{'':>34s} lane pairs", pair_wavefronts(C, H, W, K, a.ranks, 0, a.scratch))
+        for flip in FLIPS:
+            print(f"{'':>34s} 4x4 patch, flip {flip}:", wavefronts(C, H, W, K, a.ranks, 0, a.scratch, a.wcap,
+                                                                       patch=True, flip=flip))
 
 
 if __name__ == "__main__":

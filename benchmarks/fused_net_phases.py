@@ -6,10 +6,18 @@ stores and the barrier where every block waits for the slowest.  The stamps go p
 instrumented kernel's time queued is printed beside the plain one's (the stamps cost 0.1-0.4 us).  On the GPU:
 
     python3 benchmarks/fused_net_phases.py cnn32_24_48_96,allconv_stride2
+    python3 benchmarks/fused_net_phases.py cnn32_24_48_96 --headers /tmp/changed_cpp   # A/B, same process
+
+With --headers DIR (repeatable) the same source is also compiled with DIR's headers -- a copy of cpp/ with a change
+to the layer code (a benchmarks/dev patch applied there) --, so a change to the generated kernels is timed against
+the installed one on one machine, without rebuilding the library; the variants run in turn, in rounds, and each
+one's outputs are checked against the library's interpreter (and its bits against the installed headers').
 
 Session 34 (H100): the CNN's 24.2 us were load 1.8, conv1 4.0, conv2 6.6, conv3 6.7, fc 1536->128 3.1, fc 128->10
-1.9, softmax 0.1 (docs/performance/zoo-session-34.md).
+1.9, softmax 0.1 (docs/performance/zoo-session-34.md).  Session 35, with tile 7's 4x4 patch: 21.8 us, conv1 4.00,
+conv2 5.15, conv3 5.73 (docs/performance/zoo-session-35.md).
 """
+import argparse
 import os
 import sys
 
@@ -49,7 +57,22 @@ def instrument(text):
     return STAMP + "\n".join(out), k
 
 
-def phases(name, calls=300):
+def _stamps(table, x, y, kernel, k, calls):
+    """(ns, cycles) between consecutive stamps, one row a call."""
+    ns, cycles = [], []
+    for _ in range(calls):
+        table.forward(x, y, 1, RANKS, kernel)
+        _C.synchronize()
+        v = y.numpy()[OFFSET:OFFSET + 4 * k].view(np.uint64).reshape(k, 2).astype(np.int64)
+        ns.append(np.diff(v[:, 0]))
+        cycles.append(np.diff(v[:, 1]))
+    return ns, cycles
+
+
+def phases(name, calls=300, header_dirs=(), rounds=3):
+    """Print the phases of ``name``'s generated kernel; with ``header_dirs``, also of the same source compiled with
+    each folder's headers (fused_net_gen.headers: a changed copy of cpp/), measured in rounds taken in turn on this
+    machine, each variant's outputs checked against the library's interpreter."""
     model, shape = bench_zoo.build(name)
     model.to("cuda").eval()
     nodes = trace(model, shape, 1)
@@ -59,29 +82,46 @@ def phases(name, calls=300):
         raise SystemExit(f"{name}: {net.out_size} outputs overlap the stamps at {OFFSET}")
     plain = fg.source(bound, RANKS, wcap, net._bufs[RANKS], net.in_size, net.out_size, False)
     text, k = instrument(plain)
-    stamped = _C.NetKernel(fg.compile_cubin(text), fg.KERNEL_NAME, RANKS)
-    kernel = _C.NetKernel(fg.compile_cubin(plain), fg.KERNEL_NAME, RANKS)
+    labels = ["installed"] + [str(d) for d in header_dirs]
+    kernels = [tuple(_C.NetKernel(fg.compile_cubin(t, header_dir=d), fg.KERNEL_NAME, RANKS) for t in (text, plain))
+               for d in (None, *header_dirs)]          # (stamped, plain) a variant
     x = _C.to_device(np.random.default_rng(3).standard_normal(net.in_size).astype(np.float32))
     y, y0 = _C.empty((OFFSET + 4 * k,)), _C.empty((net.out_size,))
-    ns, cycles = [], []
-    for _ in range(calls):
-        table.forward(x, y, 1, RANKS, stamped)
-        _C.synchronize()
-        v = y.numpy()[OFFSET:OFFSET + 4 * k].view(np.uint64).reshape(k, 2).astype(np.int64)
-        ns.append(np.diff(v[:, 0]))
-        cycles.append(np.diff(v[:, 1]))
-    ns, cycles = np.median(ns, axis=0), np.median(cycles, axis=0)
+    table.forward(x, y0, 1, RANKS)                     # the interpreter: what every variant must give
+    want = y0.numpy().copy()
+    outs = []
+    for _, kernel in kernels:
+        table.forward(x, y0, 1, RANKS, kernel)
+        outs.append(y0.numpy().copy())
+    print(f"{name}: layers {[(d['op'], d.get('tile'), d.get('pool')) for d in bound]}")
+    per = [([], []) for _ in kernels]
+    queued = [[] for _ in kernels]
+    for _ in range(rounds):                            # the variants in turn, so that the machine's drift is shared
+        for v, (stamped, kernel) in enumerate(kernels):
+            ns, cycles = _stamps(table, x, y, stamped, k, max(1, calls // rounds))
+            per[v][0].extend(ns)
+            per[v][1].extend(cycles)
+            queued[v].append(time_calls(lambda: table.forward(x, y0, 1, RANKS, kernel), 300) * 1e6)
     names = ["load"] + [f"{d['op']} {d.get('c')}->{d.get('k')}" + (" +pool" if d.get("pool") else "") for d in bound]
     names.append("output")
-    print(f"{name}: layers {[(d['op'], d.get('tile'), d.get('pool')) for d in bound]}")
-    print(f"{name}: phases (median of {calls}), us: "
-          + ", ".join(f"{n} {t / 1e3:.2f}" for n, t in zip(names, ns)) + f"; total {ns.sum() / 1e3:.2f} us, "
-          f"{cycles.sum():.0f} cycles ({cycles.sum() / ns.sum() * 1e3:.0f} MHz)")
-    stamped_us = min(time_calls(lambda: table.forward(x, y, 1, RANKS, stamped), 300) for _ in range(3)) * 1e6
-    plain_us = min(time_calls(lambda: table.forward(x, y0, 1, RANKS, kernel), 300) for _ in range(3)) * 1e6
-    print(f"{name}: queued, instrumented {stamped_us:.1f} us, plain {plain_us:.1f} us", flush=True)
+    for v, label in enumerate(labels):
+        ns, cycles = np.median(per[v][0], axis=0), np.median(per[v][1], axis=0)
+        tag = f"{name}" + (f" [{label}]" if header_dirs else "")
+        print(f"{tag}: phases (median of {len(per[v][0])}), us: "
+              + ", ".join(f"{n} {t / 1e3:.2f}" for n, t in zip(names, ns)) + f"; total {ns.sum() / 1e3:.2f} us, "
+              f"{cycles.sum():.0f} cycles ({cycles.sum() / ns.sum() * 1e3:.0f} MHz)")
+        diff = float(np.abs(outs[v] - want).max())
+        same = "bits equal" if np.array_equal(outs[v], outs[0]) else "bits differ"
+        print(f"{tag}: plain kernel queued {min(queued[v]):.1f} us (best of {rounds} rounds of 300); outputs: max "
+              f"|kernel - interpreter| {diff:.2e}" + (f", {same} to the installed headers'" if v else ""), flush=True)
 
 
 if __name__ == "__main__":
-    for n in (sys.argv[1] if len(sys.argv) > 1 else "cnn32_24_48_96").split(","):
-        phases(n)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("networks", nargs="?", default="cnn32_24_48_96", help="zoo names, comma-separated")
+    p.add_argument("--headers", action="append", default=[], metavar="DIR",
+                   help="also time the kernel compiled with DIR's headers (a changed copy of cpp/); repeatable")
+    p.add_argument("--calls", type=int, default=300)
+    a = p.parse_args()
+    for n in a.networks.split(","):
+        phases(n, a.calls, a.headers)

@@ -200,15 +200,25 @@ def split_layers(environ=None):
     return _switch("CYDNN_NVRTC_SPLIT", environ)
 
 
-def headers():
+def headers(folder=None):
     """{name: text} of the library's headers the generated source includes: from the installed package
-    (cydnn/_cuda_src) or the source tree's cpp/ (an editable install)."""
+    (cydnn/_cuda_src) or the source tree's cpp/ (an editable install).  ``folder``: another folder holding them (a
+    changed copy of cpp/, to time a change to the generated kernels without rebuilding the library:
+    benchmarks/fused_net_phases.py --headers); its cydnn.h must be the installed one, whose table layout the
+    library's precompiled code fills."""
     package = Path(__file__).resolve().parents[1]
-    for folder in (package / "_cuda_src", package.parents[1] / "cpp"):
-        if all((folder / h).is_file() for h in _HEADERS):
-            out = {h: (folder / h).read_text() for h in _HEADERS}
+    installed = (package / "_cuda_src", package.parents[1] / "cpp")
+    for where in installed if folder is None else (Path(folder),):
+        if all((where / h).is_file() for h in _HEADERS):
+            out = {h: (where / h).read_text() for h in _HEADERS}
+            if folder is not None and out["cydnn.h"] != headers()["cydnn.h"]:
+                raise GenerationError(f"{folder}/cydnn.h differs from the installed library's: a kernel compiled "
+                                      "with it would misread the library's tables")
             out.update(_STUBS)
             return out
+    if folder is not None:
+        missing = [h for h in _HEADERS if not (Path(folder) / h).is_file()]
+        raise GenerationError(f"{folder} lacks the fused network's headers {', '.join(missing)}")
     raise GenerationError("the fused network's CUDA headers are not installed (cydnn/_cuda_src or cpp/)")
 
 
@@ -284,18 +294,20 @@ def _options(arch, level=None, rdc=False):
         ["-rdc=true", f"--maxrregcount={65536 // THREADS}"] if rdc else [])
 
 
-def _compile(text, arch, ptx, rdc=False):
+def _compile(text, arch, ptx, rdc=False, header_dir=None):
+    included = headers(header_dir)
     try:
-        return _nvrtc_mod.compile_source(_nvrtc(), text, headers(), _options(arch, rdc=rdc), ptx=ptx)
+        return _nvrtc_mod.compile_source(_nvrtc(), text, included, _options(arch, rdc=rdc), ptx=ptx)
     except _nvrtc_mod.NvrtcError as e:
         raise GenerationError(str(e)) from None
 
 
-def compile_cubin(text, arch=ARCH, rdc=False):
-    """NVRTC, in this process: ``text`` (with the library's headers) -> cubin bytes for ``arch``.  (A compile at
-    an -Ofast-compile level changes what later compiles in the same process give -- NVRTC 13.0, seen in
-    session 26 --; the compiler's own compiles each run in a fresh process: nvrtc_jobs.py.)"""
-    return _compile(text, arch, False, rdc)
+def compile_cubin(text, arch=ARCH, rdc=False, header_dir=None):
+    """NVRTC, in this process: ``text`` (with the library's headers, or those in ``header_dir``: ``headers``) ->
+    cubin bytes for ``arch``.  (A compile at an -Ofast-compile level changes what later compiles in the same process
+    give -- NVRTC 13.0, seen in session 26 --; the compiler's own compiles each run in a fresh process:
+    nvrtc_jobs.py.)"""
+    return _compile(text, arch, False, rdc, header_dir)
 
 
 def compile_ptx(text, arch="compute_90"):

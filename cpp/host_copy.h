@@ -8,7 +8,7 @@
 // The other slices go to a pool of threads that live for the process (CopyPool): on the H100's host,
 // benchmarks/dev/host_upload.cu moved 10,000 MNIST images (31 MB, chunks of 1,024 and 4,096 images) in
 // 1.25-1.70 ms with 4 pooled threads against 1.70-2.59 ms with 4 threads started per fill (session 34).
-// The pool is made on the first fill that needs it, grows to the threads asked for (at most kMaxPool), and
+// The pool is made on the first fill that needs it, grows to the threads asked for (at most kMaxCopyThreads), and
 // its threads sleep on a condition variable between fills.  It never blocks a caller that cannot have it:
 //   - one fill at a time: a fill that finds the pool busy (another thread's fill) starts its own threads;
 //   - after fork() the child's pool is a new one (the parent's threads do not exist there; the pid tells);
@@ -30,7 +30,7 @@
 namespace cydnn {
 
 constexpr size_t kMinSlice = size_t(1) << 20;      // below 1 MiB a slice costs more to hand out than to copy
-constexpr int kMaxPool = 64;                       // pipe.cu takes at most 64 threads
+constexpr int kMaxCopyThreads = 64;                // the most threads a fill takes (a pipe's, cydnn_host_copy's)
 
 // How a fill was done (parallel_copy's answer, for tests): one memcpy, the pool, or threads started for it.
 enum CopyWay { kCopyOne = 0, kCopyPool = 1, kCopySpawn = 2 };
@@ -83,7 +83,7 @@ private:
 
     // Workers up to `want` (under busy_): a refused thread leaves the pool as it is.
     void grow(int want) {
-        if (want > kMaxPool) want = kMaxPool;
+        if (want > kMaxCopyThreads) want = kMaxCopyThreads;
         try {
             while (workers_ < want) {
                 std::thread(&CopyPool::run, this, workers_, gen_).detach();

@@ -65,7 +65,8 @@ cydnnStatus_t cydnn_pipe_create(cydnnContext *ctx, size_t in_bytes, size_t out_b
     CYDNN_REQUIRE(op, out != nullptr, "out is NULL");
     CYDNN_REQUIRE(op, in_bytes > 0 && out_bytes > 0, "buffer sizes must be positive, got %zu and %zu", in_bytes,
                   out_bytes);
-    CYDNN_REQUIRE(op, threads >= 0 && threads <= 64, "threads must be 0 (automatic) to 64, got %d", threads);
+    CYDNN_REQUIRE(op, threads >= 0 && threads <= cydnn::kMaxCopyThreads, "threads must be 0 (automatic) to %d, got %d",
+                  cydnn::kMaxCopyThreads, threads);
     *out = nullptr;
     cydnnPipe *p = new (std::nothrow) cydnnPipe;
     if (p == nullptr) return cydnn::fail(CYDNN_STATUS_OUT_OF_MEMORY, 0, "%s: no host memory for the pipe", op);
@@ -130,7 +131,9 @@ int cydnn_pipe_threads(const cydnnPipe *p) { return p == nullptr ? 0 : p->thread
 
 int cydnn_host_copy(void *dst, const void *src, size_t nbytes, int threads) {
     if (dst == nullptr || src == nullptr || nbytes == 0) return 0;
-    return cydnn::parallel_copy(dst, src, nbytes, threads > 0 ? (threads < 64 ? threads : 64) : cydnn::copy_threads());
+    const int most = cydnn::kMaxCopyThreads;
+    return cydnn::parallel_copy(dst, src, nbytes,
+                                threads > 0 ? (threads < most ? threads : most) : cydnn::copy_threads());
 }
 
 void cydnn_pipe_destroy(cydnnPipe *p) {

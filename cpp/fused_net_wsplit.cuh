@@ -145,6 +145,131 @@ __device__ __forceinline__ void one_way_pooled(const cydnnNetLayer &L, const flo
     }
 }
 
+// Tile 7 with a 2x2 pooling folded in, on lane pairs (benchmarks/dev/wsplit_pairs_wide.patch: an experiment, to be
+// timed in the generated kernel with benchmarks/fused_net_phases.py --headers): a work item is 8 output channels x
+// one window, and two threads take it, thread dx the window's column dx of both rows, so that a warp's lanes read
+// consecutive columns; the upper half-warp loads the window's rows in the other order and a select puts them back.
+// Session 35: in the library for one commit (66e2067) on planes of 16 columns or more, it gave the CNN's generated
+// kernel conv1 (3 -> 24 on 32x32) 3.30 us where the 4x4 patch gives 4.00, and conv2 5.02 where the patch gives
+// 5.15; here it runs on planes of kWpairsMinWidth columns or more.  The sums' order is a way's input channels
+// s, s + S, ... of the layer, taps, then the ways in order: tile 7's where both split the reduction the same S
+// ways and tile 7's chunks hold all the channels or a multiple of S (the same bits).  Returns false, having done
+// nothing (block-uniform), where it cannot run: fewer than 2 ways, or the block's weights do not stage.
+constexpr int kWpairsMinWidth = 32;
+
+struct WpairsGeo {
+    int QH, QW, row_items, tpw, S, n_items, c_lo, c_span, cs, chunk;
+    long lo;
+};
+
+__device__ __forceinline__ WpairsGeo wpairs_geo(const cydnnNetLayer &L, int rank, int ranks, long wcap,
+                                                long scratch_cap) {
+    WpairsGeo g;
+    g.QH = L.oh / 2, g.QW = L.ow / 2;
+    g.row_items = g.QH * g.QW;
+    const long items = (long)((L.k + 7) / 8) * g.row_items;
+    const long per = (items + ranks - 1) / ranks;
+    g.tpw = (int)(2 * per);
+    long S = g.tpw > 0 ? kWsplitThreads / g.tpw : 0;
+    if (S > L.c) S = L.c;
+    if (g.tpw > 0 && S > scratch_cap / (16L * g.tpw)) S = scratch_cap / (16L * g.tpw);
+    g.S = S >= 2 ? (int)S : 0;
+    g.lo = per * rank;
+    const long hi = g.lo + per < items ? g.lo + per : items;
+    g.n_items = hi > g.lo ? (int)(hi - g.lo) : 0;
+    g.c_lo = (int)(g.lo / g.row_items) * 8;
+    const int c_hi = g.n_items > 0 ? (int)((hi - 1) / g.row_items + 1) * 8 : g.c_lo;
+    g.c_span = (c_hi < L.k ? c_hi : L.k) - g.c_lo;
+    g.cs = (g.c_span + 7) / 8 * 8;                           // rows of 8 channels: a tap's two float4
+    // Whether the weights stage is decided for the whole cluster, on the widest row any block can have (its items
+    // spanning ceil(per / row_items) + 1 groups of 8): were it decided block by block, a block that stages would
+    // take the pairs' share of the work items and one that does not tile 7's other share -- outputs computed twice
+    // or never.  compiler/fused_tiles.py's pairs_run decides the same.
+    const long kk = (long)L.kh * L.kw;
+    const long widest = ((per + g.row_items - 1) / g.row_items + 1) * 8;
+    const long rows = widest < ((L.k + 7) / 8) * 8 ? widest : ((L.k + 7) / 8) * 8;
+    const long fit = rows * kk > 0 ? wcap / (rows * kk) : 0;
+    g.chunk = fit <= 0 ? 0 : (fit < L.c ? (int)fit : L.c);   // 0: the weights do not stage (in no block)
+    return g;
+}
+
+template <int KS, int POOL, bool STAGED = false>
+__device__ __forceinline__ bool conv_wpairs(const cydnnNetLayer &L, const float *in, float *next,
+                                            cg::cluster_group &cluster, int rank, int ranks, float *wbuf, long wcap,
+                                            float *scratch, long scratch_cap) {
+    const int C = L.c, H = L.h, W = L.w, K = L.k, PH = L.ph, PW = L.pw;
+    const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, kk = KH * KW, ksize = C * kk;
+    const WpairsGeo g = wpairs_geo(L, rank, ranks, wcap, scratch_cap);
+    if (g.S == 0 || g.chunk == 0) return false;   // block-uniform: tile 7's layout runs (STAGED: nothing; self-test)
+    if (g.n_items == 0) return true;                           // nothing for this block
+    const int t = threadIdx.x, i = t % g.tpw, s = t / g.tpw, m = i / 2, dx = i % 2, swap = (t >> 4) & 1;
+    const bool active = s < g.S && m < g.n_items;
+    const long item = g.lo + (active ? m : 0);
+    const int grp = (int)(item / g.row_items), rest = (int)(item - (long)grp * g.row_items);
+    const int wy = rest / g.QW, wx = rest - wy * g.QW, co0 = grp * 8;
+    float acc[8][2];
+#pragma unroll
+    for (int a = 0; a < 8; ++a) acc[a][0] = acc[a][1] = 0.0f;
+    for (int c0 = 0; c0 < C; c0 += g.chunk) {
+        const int c1 = c0 + g.chunk < C ? c0 + g.chunk : C;
+        if (c0 > 0) __syncthreads();                           // the last chunk's weights are read
+        const int row = (c1 - c0) * kk, n = g.cs * row;        // [c_lo, c_lo + cs) x [c0, c1) as [tap][cs],
+        for (int e = t; e < n; e += blockDim.x) {              // zeros past the layer's channels
+            const int co = e / row, r = e - co * row;
+            wbuf[r * g.cs + co] =
+                co < g.c_span ? CYDNN_NET_LDW(L.weight + (long)(g.c_lo + co) * ksize + (long)c0 * kk + r) : 0.0f;
+        }
+        __syncthreads();
+        if (!active) continue;
+        for (int ci = c0 + (s - c0 % g.S + g.S) % g.S; ci < c1; ci += g.S) {   // the layer's s, s + S, ...
+            const float *plane = in + ci * H * W;
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {
+#pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {
+                    const float *wp = wbuf + ((ci - c0) * kk + ky * KW + kx) * g.cs + (co0 - g.c_lo);
+                    const float4 wa = *reinterpret_cast<const float4 *>(wp);
+                    const float4 wb = *reinterpret_cast<const float4 *>(wp + 4);
+                    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+                    const int x = (2 * wx + dx) * L.sw - PW + kx;
+                    const int ya = (2 * wy + swap) * L.sh - PH + ky, yb = (2 * wy + 1 - swap) * L.sh - PH + ky;
+                    const bool xin = x >= 0 && x < W;
+                    const float va = xin && ya >= 0 && ya < H ? plane[ya * W + x] : 0.0f;   // loaded first
+                    const float vb = xin && yb >= 0 && yb < H ? plane[yb * W + x] : 0.0f;
+                    const float x0 = swap ? vb : va, x1 = swap ? va : vb;                  // the window's rows
+#pragma unroll
+                    for (int a = 0; a < 8; ++a) {
+                        acc[a][0] = fmaf(w[a], x0, acc[a][0]);
+                        acc[a][1] = fmaf(w[a], x1, acc[a][1]);
+                    }
+                }
+            }
+        }
+    }
+    __syncthreads();                                           // every thread has read `in`: it is scratch now
+    if (active) {
+#pragma unroll
+        for (int a = 0; a < 8; ++a)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) scratch[((long)s * 16 + a * 2 + r) * g.tpw + i] = acc[a][r];
+    }
+    __syncthreads();
+    for (int o = t; o < g.n_items * 8; o += blockDim.x) {
+        const int v = o / g.n_items, mm = o - v * g.n_items;   // channel v of the block's work item mm
+        const long it2 = g.lo + mm;
+        const int gm = (int)(it2 / g.row_items), rm = (int)(it2 - (long)gm * g.row_items);
+        const int ym = rm / g.QW, xm = rm - ym * g.QW, co = gm * 8 + v;
+        if (co >= K) continue;
+        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};             // the window's pixels row by row: (q / 2, q % 2)
+#pragma unroll 4
+        for (int w = 0; w < g.S; ++w)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) sums[q] += scratch[((long)w * 16 + v * 2 + q / 2) * g.tpw + 2 * mm + q % 2];
+        store_all(cluster, next, ranks, ((long)co * g.QH + ym) * g.QW + xm, pool4<POOL>(L, sums, co));
+    }
+    return true;
+}
+
 // Tile 7: a thread computes 4 output channels x 4 pixels over the input channels s, s + S, s + 2S, ...
 // of its way s of S; the block's S partial tiles of a work item are then added in way order
 // (deterministic) through `scratch` -- the layer's input buffer, which nobody reads once every thread
@@ -165,6 +290,11 @@ __device__ __forceinline__ void one_way_pooled(const cydnnNetLayer &L, const flo
 template <int KS, int POOL, bool SPLIT = false, bool STAGED = false>
 CYDNN_NET_FN void conv_wsplit(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
                             int rank, int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
+    if constexpr (POOL != 0) {                                 // lane pairs on wide planes, where they run
+        if (scratch != nullptr && L.w >= kWpairsMinWidth &&
+            conv_wpairs<KS, POOL>(L, in, next, cluster, rank, ranks, wbuf, wcap, scratch, scratch_cap))
+            return;
+    }
     const int C = L.c, K = L.k, OH = L.oh, OW = L.ow;
     const int KH = KS ? KS : L.kh, KW = KS ? KS : L.kw, kk = KH * KW, ksize = C * kk;
     const int QH = POOL ? OH / 2 : OH, QW = POOL ? OW / 2 : OW;       // the stored plane

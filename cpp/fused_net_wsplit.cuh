@@ -145,16 +145,16 @@ __device__ __forceinline__ void one_way_pooled(const cydnnNetLayer &L, const flo
     }
 }
 
-// Tile 7 with a 2x2 pooling folded in, on lane pairs (benchmarks/dev/wsplit_pairs_wide.patch: an experiment, to be
-// timed in the generated kernel with benchmarks/fused_net_phases.py --headers): a work item is 8 output channels x
-// one window, and two threads take it, thread dx the window's column dx of both rows, so that a warp's lanes read
-// consecutive columns; the upper half-warp loads the window's rows in the other order and a select puts them back.
-// Session 35: in the library for one commit (66e2067) on planes of 16 columns or more, it gave the CNN's generated
-// kernel conv1 (3 -> 24 on 32x32) 3.30 us where the 4x4 patch gives 4.00, and conv2 5.02 where the patch gives
-// 5.15; here it runs on planes of kWpairsMinWidth columns or more.  The sums' order is a way's input channels
-// s, s + S, ... of the layer, taps, then the ways in order: tile 7's where both split the reduction the same S
-// ways and tile 7's chunks hold all the channels or a multiple of S (the same bits).  Returns false, having done
-// nothing (block-uniform), where it cannot run: fewer than 2 ways, or the block's weights do not stage.
+// Tile 7 with a 2x2 pooling folded in, on lane pairs: a work item is 8 output channels x one window, and two
+// threads take it, thread dx the window's column dx of both rows, so that a warp's lanes read consecutive columns;
+// the upper half-warp loads the window's rows in the other order and a select puts them back.  It runs on planes of
+// kWpairsMinWidth columns or more, where it beats the 4x4 patch of wsplit_sums: session 36, the CNN's generated
+// kernel (benchmarks/fused_net_phases.py --headers, one process), conv1 (3 -> 24 on 32x32) 3.39 us against 4.00
+// and the whole kernel 23.5 against 23.9 us queued, the same bits.  On narrower planes the patch measured faster
+// (session 35, benchmarks/dev/wsplit_pairs.cu: 24 -> 48 on 16x16 6.7 against 7.8 us, 48 -> 96 on 8x8 7.6 against 9.6).
+// The sums' order is a way's input channels s, s + S, ... of the layer, taps, then the ways in order: tile 7's
+// where both split the reduction the same S ways (the same bits).  Returns false, having done nothing
+// (block-uniform), where it cannot run: fewer than 2 ways, or the block's weights do not stage; tile 7 then runs.
 constexpr int kWpairsMinWidth = 32;
 
 struct WpairsGeo {
@@ -184,7 +184,7 @@ __device__ __forceinline__ WpairsGeo wpairs_geo(const cydnnNetLayer &L, int rank
     // Whether the weights stage is decided for the whole cluster, on the widest row any block can have (its items
     // spanning ceil(per / row_items) + 1 groups of 8): were it decided block by block, a block that stages would
     // take the pairs' share of the work items and one that does not tile 7's other share -- outputs computed twice
-    // or never.  compiler/fused_tiles.py's pairs_run decides the same.
+    // or never.
     const long kk = (long)L.kh * L.kw;
     const long widest = ((per + g.row_items - 1) / g.row_items + 1) * 8;
     const long rows = widest < ((L.k + 7) / 8) * 8 ? widest : ((L.k + 7) / 8) * 8;

@@ -2,8 +2,7 @@
 # benchmarks/dev/ab_patches.sh -- time prepared header patches (benchmarks/dev/*.patch) in a network's generated
 # kernel against the installed headers, in one process, without rebuilding the library:
 #
-#   bash benchmarks/dev/ab_patches.sh cnn32_24_48_96 flip=wsplit_flip.patch wide=wsplit_pairs_wide.patch \
-#        flip_wide=wsplit_flip.patch,wsplit_pairs_wide.patch
+#   bash benchmarks/dev/ab_patches.sh cnn32_24_48_96,smallcnn_bn a=first.patch b=first.patch,second.patch
 #   AB_DRY_RUN=1 bash benchmarks/dev/ab_patches.sh ...     # make the copies, print the command, run nothing
 #
 # Each NAME=PATCH[,PATCH...] becomes build/ab/NAME/cpp: a copy of cpp/ with the patches applied in order (git apply

@@ -28,7 +28,8 @@ Session 35 (the defaults: the CNN's table at 16 blocks): the patch's activation 
 wavefronts for the CNN's three layers against an ideal of 144 / 576 / 576 (the lane pairs: 162 / 648 / 1,008).
 Of the flips tried (every choice of a lane bit 2-4 or window-row bit 0-2 for columns and for rows, searched),
 columns flipped by lane bit 4 and rows by lane bit 3 ("lane bits 4, 3") reach the ideal on all three: ~0.07, 0.8
-and 0.7 us of loads at 2 GHz, for 32 selects an input channel (benchmarks/dev/wsplit_flip.patch, not yet run).
+and 0.7 us of loads at 2 GHz, for 32 selects an input channel.  Session 36 timed that flip in the CNN's generated
+kernel (a patch, since deleted: benchmarks/dev/README.md): no gain (21.76 against 21.63 us of stamps).
 """
 import argparse
 from collections import defaultdict

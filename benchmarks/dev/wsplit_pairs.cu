@@ -4,13 +4,15 @@
 // 5,364 and 4,644 shared-memory wavefronts where the pairs would spend 1,296 and 1,656: a lane's 2x2 window reads
 // columns 2j + dx, so a warp's lanes hit half the banks, and rows two apart fall on the same ones.
 //
-//   today   the library's conv_wsplit<3, max pool, SPLIT, STAGED> (from cpp/, or an older copy with -I first)
-//   pairs   a thread keeps 8 channels x one column (dx) of its window's two rows, its partner the other column, so
-//           a warp reads consecutive columns; the upper half-warp loads the window's rows in the other order (rows
-//           2W + W apart: the other banks), a select puts them back.  Two float4 of staged weights a tap.  A way's
-//           input channels s, s + S, ... of the layer, taps, then the ways in order: today's order (the same bits)
-//           wherever both split the reduction the same S ways and today's chunks of staged weights hold all the
-//           channels or a multiple of S (today restarts at c0 + s each chunk)
+//   today   the library's conv_wsplit<3, max pool, SPLIT, STAGED> (from cpp/, or an older copy with -I first): since
+//           session 36 it takes the pairs itself on planes of kWpairsMinWidth (32) columns or more, the 4x4 patch
+//           (wsplit_sums) on narrower ones
+//   pairs   the library's conv_wpairs at every width: a thread keeps 8 channels x one column (dx) of its window's two
+//           rows, its partner the other column, so a warp reads consecutive columns; the upper half-warp loads the
+//           window's rows in the other order (rows 2W + W apart: the other banks), a select puts them back.  Two
+//           float4 of staged weights a tap.  A way's input channels s, s + S, ... of the layer, taps, then the ways
+//           in order: tile 7's order (the same bits) wherever both split the reduction the same S ways and tile 7's
+//           chunks of staged weights hold all the channels or a multiple of S (tile 7 restarts at c0 + s each chunk)
 //
 // One cluster of 16 blocks x 512 threads (one image, as the fused network runs it): every block holds the whole
 // input in shared memory; the layer's pooled outputs go to every block (store_all), rank 0 writes them out.  Checks:
@@ -26,9 +28,10 @@
 // Session 35, H100, all checks ok (us; today before the 4x4 patch / pairs / today with it, the old headers put
 // first with -I): 3->24 on 32x32 6.18 / 5.86 / 5.48, 24->48 on 16x16 8.73 / 7.78 / 6.7, 48->96 on 8x8
 // 9.33 / 9.64 / 7.58, 20->20 on 16x16 6.96 / 6.62 / 5.78; with --wcap 3456 (48->96's weights in two chunks) the
-// pairs' 48->96 10.2.  The pairs won where the model said (the wide planes) but lost on 8x8, and the 4-channel
-// layout with each window's 4x4 input patch in registers (wsplit_sums: 16 loads an input channel, not 36) beat
-// them everywhere: the library keeps that, and the pairs stay here.
+// pairs' 48->96 10.2.  Here the patch beat the pairs everywhere; in the CNN's generated kernel (session 36,
+// benchmarks/fused_net_phases.py --headers) the pairs won on the 32x32 plane (3.39 against 4.00 us), so the library
+// has them there (the pairs' own copy that lived here until then is gone: the pairs column is the library's code).
+// The host-side emulation (--cpu) mirrors conv_wpairs' geometry with pair_geo / pair_thread / pair_item.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -48,7 +51,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kRanks = 16, kThreads = kWsplitThreads;
 constexpr long kBuf = 6144;   // the CNN's table at 16 blocks: activation buffers (floats)
-static long g_wcap = 6912;    // staged weights (floats): the table's with the lane pairs' rows; --wcap N another
+static long g_wcap = 6912;    // staged weights (floats): room for 48->96's in one chunk; --wcap N another
 
 // ------------------------------------------------------------------------------------------ the pairs' geometry
 // A work item: 8 output channels (two groups of 4) x one 2x2 window; two threads a work item a way (dx = 0, 1).
@@ -76,7 +79,8 @@ __host__ __device__ inline PairGeo pair_geo(const cydnnNetLayer &L, int rank, in
     const int c_hi = g.n_items > 0 ? (int)((hi - 1) / g.row_items + 1) * 8 : 0;
     g.c_span = (c_hi < L.k ? c_hi : L.k) - g.c_lo;
     g.cs = (g.c_span + 7) / 8 * 8;                     // rows of 8 channels: a tap's two float4
-    const long fit = g.cs > 0 ? wcap / ((long)g.cs * g.kk) : 0;
+    const long widest = ((per + g.row_items - 1) / g.row_items + 1) * 8, all = (long)((L.k + 7) / 8) * 8;
+    const long fit = wcap / ((widest < all ? widest : all) * g.kk);   // decided for the cluster, as wpairs_geo does
     g.chunk = fit <= 0 ? 0 : (fit < L.c ? (int)fit : L.c);   // 0: does not stage (the dev program refuses it)
     return g;
 }
@@ -103,82 +107,6 @@ __host__ __device__ inline void pair_item(const PairGeo &g, int m, int &grp, int
     wy = rest / g.QW, wx = rest - wy * g.QW;
 }
 
-// ------------------------------------------------------------------------------------------ the pairs' layer
-// As conv_wsplit<KS, POOL, true, true>: the same arguments; `scratch` is the layer's input buffer.
-template <int KS, int POOL>
-__device__ void conv_pairs(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster, int rank,
-                           int ranks, float *wbuf, long wcap, float *scratch, long scratch_cap) {
-    const int C = L.c, H = L.h, W = L.w, K = L.k, PH = L.ph, PW = L.pw;
-    const PairGeo g = pair_geo(L, rank, ranks, wcap, scratch_cap);
-    if (g.n_items <= 0 || g.chunk == 0 || g.S < 1) return;          // block-uniform
-    const int kk = KS * KS, ksize = C * kk;
-    const PairThread p = pair_thread(g, threadIdx.x);
-    int grp, wy, wx;
-    pair_item(g, p.active ? p.m : 0, grp, wy, wx);
-    const int co0 = grp * 8;
-    float acc[8][2];
-#pragma unroll
-    for (int a = 0; a < 8; ++a) acc[a][0] = acc[a][1] = 0.0f;
-    for (int c0 = 0; c0 < C; c0 += g.chunk) {
-        const int c1 = c0 + g.chunk < C ? c0 + g.chunk : C;
-        if (c0 > 0) __syncthreads();                               // the last chunk's weights are read
-        const int row = (c1 - c0) * kk, n = g.cs * row;            // stage [c_lo, c_lo + cs) x [c0, c1) as [tap][cs],
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {        // zeros past the layer's channels
-            const int co = e / row, r = e - co * row;
-            wbuf[r * g.cs + co] = co < g.c_span ? __ldg(L.weight + (long)(g.c_lo + co) * ksize + (long)c0 * kk + r) : 0.0f;
-        }
-        __syncthreads();
-        if (!p.active) continue;
-        // way s takes the input channels s, s + S, s + 2S, ... of the layer, whatever the chunks (chunk by chunk,
-        // c0 + s, c0 + s + S, ..., a chunk not a multiple of S left the low ways one channel more each chunk)
-        for (int ci = c0 + (p.s - c0 % g.S + g.S) % g.S; ci < c1; ci += g.S) {
-            const float *plane = in + ci * H * W;
-#pragma unroll
-            for (int ky = 0; ky < KS; ++ky) {
-#pragma unroll
-                for (int kx = 0; kx < KS; ++kx) {
-                    const float *wp = wbuf + ((ci - c0) * kk + ky * KS + kx) * g.cs + (co0 - g.c_lo);
-                    const float4 wa = *reinterpret_cast<const float4 *>(wp);
-                    const float4 wb = *reinterpret_cast<const float4 *>(wp + 4);
-                    const float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
-                    const int x = 2 * wx + p.dx - PW + kx;
-                    const int ya = 2 * wy + p.swap - PH + ky, yb = 2 * wy + (1 - p.swap) - PH + ky;
-                    const bool xin = x >= 0 && x < W;
-                    const float va = xin && ya >= 0 && ya < H ? plane[ya * W + x] : 0.0f;   // loaded first
-                    const float vb = xin && yb >= 0 && yb < H ? plane[yb * W + x] : 0.0f;
-                    const float x0 = p.swap ? vb : va, x1 = p.swap ? va : vb;              // the window's rows 0, 1
-#pragma unroll
-                    for (int a = 0; a < 8; ++a) {
-                        acc[a][0] = fmaf(w[a], x0, acc[a][0]);
-                        acc[a][1] = fmaf(w[a], x1, acc[a][1]);
-                    }
-                }
-            }
-        }
-    }
-    __syncthreads();                                               // every thread has read `in`: it is scratch now
-    if (p.active) {
-        const int i = threadIdx.x % g.tpw;
-#pragma unroll
-        for (int a = 0; a < 8; ++a)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) scratch[((long)p.s * 16 + a * 2 + r) * g.tpw + i] = acc[a][r];
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < g.n_items * 8; o += blockDim.x) {
-        const int v = o / g.n_items, m = o - v * g.n_items;       // channel v of the block's work item m
-        int gm, ym, xm;
-        pair_item(g, m, gm, ym, xm);
-        const int co = gm * 8 + v;
-        if (co >= K) continue;
-        float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};                  // the window's pixels row by row: (r, dx) = p / 2, p % 2
-        for (int w = 0; w < g.S; ++w)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) sums[q] += scratch[((long)w * 16 + v * 2 + q / 2) * g.tpw + 2 * m + q % 2];
-        store_all(cluster, next, ranks, ((long)co * g.QH + ym) * g.QW + xm, pool4<POOL>(L, sums, co));
-    }
-}
-
 // ------------------------------------------------------------------------------------------ the kernels
 // One image: every block loads the whole input; `reps` layers (the same one, a cluster barrier after each, the
 // input buffer swapped as the network does: from the second on the values are not checked, only timed).
@@ -196,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1) layer_kernel(const cydnnNetLayer 
         if (VARIANT == 0)
             conv_wsplit<3, CYDNN_NET_MAX_POOL, true, true>(L, cur, next, cluster, rank, ranks, wbuf, wcap, cur, kBuf);
         else
-            conv_pairs<3, CYDNN_NET_MAX_POOL>(L, cur, next, cluster, rank, ranks, wbuf, wcap, cur, kBuf);
+            conv_wpairs<3, CYDNN_NET_MAX_POOL>(L, cur, next, cluster, rank, ranks, wbuf, wcap, cur, kBuf);
         cluster.sync();
         if (rep + 1 < reps) {                                       // the next layer reads what this one wrote
             float *t = cur;

@@ -13,7 +13,8 @@ For each network:
 - peak GPU memory of the compiled training run (cydnn's pool) and of PyTorch's;
 - the largest difference of the logits, and of the parameters after 20 steps, between
   the compiled path and the per-op path (same initial weights, same batches), beside the per-op
-  path's own after 20 steps with each batch's rows in another order (``--agree-only``: just these);
+  path's own after 20 steps with each batch's rows in another order and with the initial weights one
+  ulp up (``--agree-only``: just these);
 - compile time (plan + capture of the training step and of the one-image inference); the kernel
   generated for the network compiles in the background after that (its time is reported apart,
   and the inference figures are taken once it is in use).
@@ -202,13 +203,37 @@ def torch_train(name, batch, steps, repeats, graph):
     return timed(torch_step(model, shape, batch, graph), torch.cuda.synchronize, steps, repeats)
 
 
+def per_op_params(name, batches, nudge=False, device="cuda"):
+    """The parameters after the per-op path's steps over ``batches`` (SGD with momentum from the zoo's initial
+    weights; ``nudge``: every weight one ulp up first, on the host); ``device="cpu"`` runs the numpy twin."""
+    m, _ = build(name)
+    if nudge:
+        for p in m.parameters():
+            p.data = np.nextafter(p.data, np.float32(np.inf))
+    m.to(device)
+    opt = optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    for bx, by in batches:
+        loss_fn(m(ops.cuda.asarray(bx) if device == "cuda" else bx), by)
+        m.backward(loss_fn.backward(), input_grad=False)
+        opt.step()
+    return [p.data.numpy() if device == "cuda" else np.array(p.data) for p in m.parameters()]
+
+
+def _maxdiff(a, b):
+    return max(float(np.abs(u - v).max()) for u, v in zip(a, b))
+
+
 def agreement(name, steps=20, batch=64):
     """max |logits| difference (compiled vs per-op, same weights); max |param| difference after 20 steps of
-    compiled vs per-op; and, as the scale that difference is read against, the per-op path against itself: the
-    same 20 steps with each batch's rows in another order (only the float32 rounding of every reduction over the
-    batch changes).  Training carries a rounding difference on -- batch norm on random data most of all (session
-    36: smallcnn_bn's first convolution 2.7e-2 apart compiled vs per-op, 3.0e-2 per-op vs itself on the CPU) -- so
-    the first figure means something only beside the second."""
+    compiled vs per-op; and the scale that difference is read against, the per-op path against itself under two
+    perturbations that change only float32 rounding (tests/test_compiler.py's 20-step test takes the same two):
+    each batch's rows in another order (every reduction over the batch), and the initial weights one ulp up (every
+    activation: what a kernel that sums in another order does -- the executor picks each convolution's kernel by
+    timing).  Training carries a rounding difference on, through a ReLU or a pooling choice that flips, batch norm
+    on random data most of all (session 36: all-conv 5.2e-5 apart compiled vs per-op on the GPU, and the numpy
+    twin 5.2e-5 apart from itself with the rows reordered; SmallCNN 2.8e-2 against 2.4e-2), so the first figure
+    means something only beside the other two.  Returns (logits, params, {"rows": .., "ulp": ..})."""
     rng = np.random.default_rng(2)
     model, shape = build(name)
     batches = [(rng.standard_normal((batch,) + shape).astype(np.float32), rng.integers(0, 10, batch))
@@ -218,28 +243,17 @@ def agreement(name, steps=20, batch=64):
     ref = ops.cuda.to_numpy(model(ops.cuda.asarray(x)))
     got = cydnn.compile(model, input_shape=shape)(x)
     logits = float(np.abs(got - ref).max())
+    m, _ = build(name)
+    m.to("cuda")
+    s = cydnn.compile(m, optim.SGD(m.parameters(), lr=0.01, momentum=0.9), batch_size=batch, input_shape=shape)
+    for bx, by in batches:
+        s(bx, by)
+    compiled = [p.data.numpy() for p in m.parameters()]
+    per_op = per_op_params(name, batches)
     order = np.random.default_rng(5).permutation(batch)
-    runs = {"compiled": batches, "per-op": batches, "per-op, rows reordered": [(x[order], y[order]) for x, y in batches]}
-    params = {}
-    for kind, run in runs.items():
-        m, _ = build(name)
-        m.to("cuda")
-        opt = optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
-        if kind == "compiled":
-            s = cydnn.compile(m, opt, batch_size=batch, input_shape=shape)
-            for bx, by in run:
-                s(bx, by)
-        else:
-            loss_fn = nn.CrossEntropyLoss()
-            for bx, by in run:
-                loss_fn(m(ops.cuda.asarray(bx)), by)
-                m.backward(loss_fn.backward(), input_grad=False)
-                opt.step()
-        params[kind] = [p.data.numpy() for p in m.parameters()]
-
-    def maxdiff(a, b):
-        return max(float(np.abs(u - v).max()) for u, v in zip(params[a], params[b]))
-    return logits, maxdiff("compiled", "per-op"), maxdiff("per-op, rows reordered", "per-op")
+    self_diff = {"rows": _maxdiff(per_op_params(name, [(x[order], y[order]) for x, y in batches]), per_op),
+                 "ulp": _maxdiff(per_op_params(name, batches, nudge=True), per_op)}
+    return logits, _maxdiff(compiled, per_op), self_diff
 
 
 def inference(name, have_torch):
@@ -263,7 +277,7 @@ def inference(name, have_torch):
     resident.wait_generated()                  # (a generated kernel, where one is used, takes precedence)
     res["resident_1_p50_us"], res["resident_1_p99_us"] = latencies(lambda: resident(one))
     res["resident_served"] = resident.info()["fused_net"]["resident"]
-    del resident                              # its kernel returns now: nothing below waits on its idle time
+    resident = None                           # its kernel returns now: nothing below waits on its idle time
     infer(many)
     many_calls = {"cydnn": lambda: infer(many)}
     if have_torch:
@@ -375,9 +389,10 @@ def main():
         if args.infer_only:
             continue
         r["logits_maxdiff"], r["params_maxdiff_20_steps"], r["params_self_maxdiff_20_steps"] = agreement(name)
+        own = r["params_self_maxdiff_20_steps"]
         print(f"{name:22s} max |logits diff| {r['logits_maxdiff']:.2e}, max |param diff| after 20 steps "
-              f"{r['params_maxdiff_20_steps']:.2e} (per-op against itself, rows reordered: "
-              f"{r['params_self_maxdiff_20_steps']:.2e})", flush=True)
+              f"{r['params_maxdiff_20_steps']:.2e} (per-op against itself: rows reordered {own['rows']:.2e}, "
+              f"weights one ulp up {own['ulp']:.2e})", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

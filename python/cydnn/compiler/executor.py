@@ -45,6 +45,11 @@ def _dropout(b, s):
 
 #: launches per variant when the executor times the two ways of a convolution with bias and activation
 TUNE_CALLS = 10
+#: a way whose first timing (warm: time_replayed warms it up) is over this many times the fastest way's first is
+#: not timed again: the second round is there so that one slow moment does not decide between close ways, and
+#: each timing of a large batch costs milliseconds (session 36: SmallCNN's compile at batch 256, 2.95 s, of which
+#: 2.87 s in 518 timings of candidate ways)
+SECOND_ROUND_WITHIN = 3.0
 #: rounds of a trial between two ways of running the same thing (:func:`least_times`): the fused network's
 #: generated kernel against its interpreter, the fused training step's cluster sizes and against the plan
 TRIAL_ROUNDS = 2
@@ -135,15 +140,17 @@ def skinny_tiles(m, n, k):
 def _fastest(candidates, forced=None):
     """The fastest of ``candidates`` (name -> zero-argument call), each timed replayed as the plan's graph replays
     it, twice round, each keeping its lesser time (the first round also warms up: cuDNN's algorithm search, the
-    graphs' first launches; one slow moment in the second round must not hand the step to a slower way); a candidate
-    that raises (a shape its kernel does not take) is dropped.  ``forced``: only the names it starts with
+    graphs' first launches; one slow moment in the second round must not hand the step to a slower way) -- the
+    second round only for those within SECOND_ROUND_WITHIN x the first round's fastest; a candidate that raises (a
+    shape its kernel does not take) is dropped.  ``forced``: only the names it starts with
     (``$CYDNN_CONV`` or ``$CYDNN_LINEAR``, switches for tests and debugging), where any is left.  Returns
     (name, {name: us})."""
     kept = {k: f for k, f in candidates.items() if forced and k.startswith(forced)}
     for pool in (kept, candidates):
         times = dict.fromkeys(pool)
-        for _ in range(2):
-            for name in list(times):
+        for second in (False, True):
+            close = SECOND_ROUND_WITHIN * min(times.values()) if second and times else None
+            for name in [n for n in times if close is None or times[n] <= close]:
                 try:
                     t = time_replayed(pool[name])
                     times[name] = t if times[name] is None else min(t, times[name])

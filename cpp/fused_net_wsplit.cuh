@@ -23,6 +23,20 @@ __device__ __forceinline__ int wsplit_ways(int channels, long per, int threads, 
     return ways >= 2 ? (int)ways : 0;
 }
 
+// The 4 output channels co0.. of one tap of input channel ci: staged (wt != nullptr; STAGED: always), or through the
+// read-only cache, zeros past the layer's K channels.
+template <bool STAGED>
+__device__ __forceinline__ void tap_weights(const cydnnNetLayer &L, int K, const float *wt, int cs, int wci0, int co0,
+                                            int ci, int kk, long ksize, int tap, float (&wv)[4]) {
+    if (STAGED || wt != nullptr) {
+        staged4<4>(wt + ((ci - wci0) * kk + tap) * cs, wv);
+    } else {
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+            wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + (long)ci * kk + tap) : 0.0f;
+    }
+}
+
 // One work item's 4 channels x 4 pixels over the input channels ci0, ci0 + step, ... < ci1, added to acc.
 // The pixels: POOL == 0, row oy, columns ox0 + p * pxg (pxg apart: the lanes of a warp, on neighbouring
 // ox0, read neighbouring inputs); POOL != 0, the 2x2 window at (oy, ox0): pixel p at (oy + p / 2, ox0 + p % 2).
@@ -56,14 +70,7 @@ __device__ __forceinline__ void wsplit_sums(const cydnnNetLayer &L, const float 
 #pragma unroll
                 for (int tap = 0; tap < 9; ++tap) {
                     float wv[4];
-                    if (STAGED || wt != nullptr) {
-                        staged4<4>(wt + ((ci - wci0) * kk + tap) * cs, wv);
-                    } else {
-#pragma unroll
-                        for (int a = 0; a < 4; ++a)
-                            wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (co0 + a) * ksize + (long)ci * kk + tap)
-                                                : 0.0f;
-                    }
+                    tap_weights<STAGED>(L, K, wt, cs, wci0, co0, ci, kk, ksize, tap, wv);
 #pragma unroll
                     for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -93,14 +100,7 @@ __device__ __forceinline__ void wsplit_sums(const cydnnNetLayer &L, const float 
                 }
                 const int tap = ky * KW + kx;
                 float wv[4];
-                if (STAGED || wt != nullptr) {
-                    staged4<4>(wt + ((ci - wci0) * kk + tap) * cs, wv);
-                } else {
-#pragma unroll
-                    for (int a = 0; a < 4; ++a)
-                        wv[a] = co0 + a < K ? CYDNN_NET_LDW(L.weight + (long)(co0 + a) * ksize + (long)ci * kk + tap)
-                                            : 0.0f;
-                }
+                tap_weights<STAGED>(L, K, wt, cs, wci0, co0, ci, kk, ksize, tap, wv);
 #pragma unroll
                 for (int a = 0; a < 4; ++a)
 #pragma unroll

@@ -1,7 +1,9 @@
 """A disk cache of the kernels NVRTC compiles for a network (nvrtc_jobs.py's Generation).
 
-The same source, headers, options and NVRTC give the same cubin, so a program run again (a notebook
-re-run, a script, a service restarting) takes it from disk in milliseconds instead of NVRTC's 0.3-2 s.
+The same source, headers, options and NVRTC give equivalent code (not always the same bytes: NVRTC 13 vectorises some
+loads differently from one process to the next, docs/performance/zoo-session-36.md), so a program run again (a
+notebook re-run, a script, a service restarting) takes the cubin from disk in milliseconds instead of NVRTC's 0.3-2 s,
+and keeps the same one.
 
 Where: ``$CYDNN_KERNEL_CACHE`` (a folder; ``0`` or ``off``: no cache), else ``$XDG_CACHE_HOME/cydnn/kernels``,
 else ``~/.cache/cydnn/kernels``.  An entry is ``<sha256 of everything the compile depends on>.cubin``,

@@ -17,13 +17,19 @@ For each network:
   ulp up (``--agree-only``: just these);
 - compile time (plan + capture of the training step and of the one-image inference); the kernel
   generated for the network compiles in the background after that (its time is reported apart,
-  and the inference figures are taken once it is in use).
+  and the inference figures are taken once it is in use).  Each run compiles as a first run does: NVRTC 12.9+
+  keeps what it compiled in the driver's compute cache and cydnn keeps cubins of its own (kernel_cache.py), so the
+  run takes fresh folders for both (``fresh_caches``) unless ``--warm-caches``.
 Times: host clock around many steps with a device synchronisation at both ends, the
 median of ``--repeats`` runs.
 """
 import argparse
+import atexit
 import json
+import os
+import shutil
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -256,6 +262,20 @@ def agreement(name, steps=20, batch=64):
     return logits, _maxdiff(compiled, per_op), self_diff
 
 
+def fresh_caches(environ=os.environ):
+    """Empty folders for NVRTC's cache and for cydnn's kernel cache, for this process and the NVRTC children it
+    starts, removed at exit; where ``$CUDA_CACHE_PATH`` or ``$CYDNN_KERNEL_CACHE`` is set, that one is kept.  NVRTC
+    12.9+ stores what it compiled in the driver's compute cache (``~/.nv/ComputeCache``, ``$CUDA_CACHE_PATH``) and
+    serves the same source and options from it: session 37's second run on one machine had the CNN's whole form in
+    0.1 s of NVRTC against 1.7-2.9 s cold, and session 21's "off" level 0.06-0.09 s.  Returns the folders made."""
+    made = {}
+    for var, prefix in (("CUDA_CACHE_PATH", "cuda-cache-"), ("CYDNN_KERNEL_CACHE", "cydnn-kernels-")):
+        if not environ.get(var):
+            made[var] = environ[var] = tempfile.mkdtemp(prefix=prefix)
+            atexit.register(shutil.rmtree, made[var], True)
+    return made
+
+
 def inference(name, have_torch):
     import torch
     model, shape = build(name)
@@ -343,7 +363,11 @@ def main():
     p.add_argument("--infer-only", action="store_true", help="only the inference figures")
     p.add_argument("--train-only", action="store_true", help="only the training figures")
     p.add_argument("--agree-only", action="store_true", help="only the compiled path's agreement with the per-op path")
+    p.add_argument("--warm-caches", action="store_true",
+                   help="use NVRTC's and cydnn's kernel caches as they are (default: fresh folders, a first run's compile)")
     args = p.parse_args()
+    if not args.warm_caches:
+        fresh_caches()
     cydnn.cuda.check_device(0)
     import torch
     torch.backends.cudnn.allow_tf32 = False

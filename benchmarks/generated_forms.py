@@ -2,8 +2,8 @@
 form (every layer inlined), the layers form (one relocatable unit a layer, linked by the driver), the same linked
 with the kernel's unit first, and the layers in 2 and 3 groups a unit (fused_net_gen.units(groups=...)).  For each:
 the kernel's time (queued, best of 3 x 300 launches, us), whether it gives the interpreter's bits, and NVRTC's cold
-seconds for each unit (~/.nv/ComputeCache removed before each compile; the max is what units compiled side by side
-would take).  On the GPU machine:
+seconds for each unit (the driver's compute cache, where NVRTC keeps what it compiled, removed before each
+compile; the max is what units compiled side by side would take).  On the GPU machine:
 
     python3 benchmarks/generated_forms.py cnn32_24_48_96
 
@@ -37,7 +37,8 @@ print(name, "layers:", [(d["op"], d.get("tile"), d.get("pool")) for d in bound],
 
 
 def cold(text, rdc):
-    shutil.rmtree(os.path.expanduser("~/.nv/ComputeCache"), ignore_errors=True)
+    # NVRTC 12.9+ serves a source it compiled before from the driver's compute cache (bench_zoo.fresh_caches)
+    shutil.rmtree(os.environ.get("CUDA_CACHE_PATH") or os.path.expanduser("~/.nv/ComputeCache"), ignore_errors=True)
     t = time.perf_counter()
     c = fg.compile_cubin(text, rdc=rdc)
     return c, time.perf_counter() - t

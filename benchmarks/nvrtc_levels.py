@@ -18,6 +18,7 @@ from cydnn.compiler.executor import time_calls  # noqa: E402
 from cydnn.compiler.trace import trace  # noqa: E402
 LEVELS = ("off", "min", "mid", "max")
 os.environ["CYDNN_KERNEL_CACHE"] = "off"
+bench_zoo.fresh_caches()     # and NVRTC's own cache (the driver's compute cache) empty
 for name in sys.argv[1].split(","):
     model, shape = bench_zoo.build(name)
     model.to("cuda").eval()

@@ -26,3 +26,15 @@ def test_the_per_op_paths_own_spread_is_rounding():
     ulp = bench_zoo._maxdiff(bench_zoo.per_op_params(name, batches, nudge=True, device="cpu"), ref)
     for spread in (rows, ulp):
         assert 0.0 < spread < 1e-5
+
+
+def test_each_run_compiles_with_empty_caches_unless_told(tmp_path):
+    """fresh_caches: NVRTC's cache (the driver's compute cache, $CUDA_CACHE_PATH) and cydnn's kernel cache point at
+    new empty folders, so that the run times a first run's compiles; a folder the caller set is kept."""
+    env = {"CYDNN_KERNEL_CACHE": str(tmp_path)}
+    made = bench_zoo.fresh_caches(env)
+    assert list(made) == ["CUDA_CACHE_PATH"] and env["CYDNN_KERNEL_CACHE"] == str(tmp_path)
+    assert os.path.isdir(env["CUDA_CACHE_PATH"]) and os.listdir(env["CUDA_CACHE_PATH"]) == []
+    other = {}
+    assert set(bench_zoo.fresh_caches(other)) == {"CUDA_CACHE_PATH", "CYDNN_KERNEL_CACHE"}
+    assert other["CUDA_CACHE_PATH"] != env["CUDA_CACHE_PATH"]

@@ -346,6 +346,23 @@ def test_the_layers_form_gives_the_interpreters_bits(name):
 
 @gpu
 @needs_nvrtc
+def test_a_trial_times_the_kernel_in_use_in_the_same_rounds(monkeypatch):
+    """A second form's trial (nvrtc_jobs.GeneratedKernels._adopt) times it, the interpreter and the form in use
+    over the same rounds, so that a slow moment falls on all three; each checked against the interpreter first."""
+    _, _, net = _fused("lenet_widths")
+    whole, layers = _kernel(net, 8), _linked(net, 8)
+    timed = []
+    real = fused_net.least_times
+    monkeypatch.setattr(fused_net, "least_times", lambda c, *a, **k: timed.append(sorted(c)) or real(c, *a, **k))
+    ok, trial = net._trial(8, whole, layers)
+    assert timed == [["generated", "in_use", "interpreter"]] and trial["max_diff"] == 0.0
+    assert all(trial["timed_us"][k] > 0 for k in ("generated", "in_use", "interpreter"))
+    ok, alone = net._trial(8, whole)
+    assert timed[-1] == ["generated", "interpreter"] and "in_use" not in alone["timed_us"]
+
+
+@gpu
+@needs_nvrtc
 def test_a_kernel_serves_only_its_cluster_size():
     make, shape = ZOO["mlp"]
     model = make().to("cuda").eval()

@@ -61,9 +61,15 @@ def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
     monkeypatch.setattr(_C, "NetKernel", lambda cubin, name, cluster: cubin.decode())
     monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
 
+    trials = []
+
     class Net(_Forms):
-        def trial(self, cluster, kernel):
-            return True, {"max_diff": 0.0, "timed_us": {"interpreter": 40.0, "generated": times[kernel]}}
+        def trial(self, cluster, kernel, serving=None):
+            trials.append((kernel, serving))
+            timed = {"interpreter": 40.0, "generated": times[kernel]}
+            if serving is not None:
+                timed["in_use"] = times[serving]
+            return True, {"max_diff": 0.0, "timed_us": timed}
     net = Net()
     kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
     made = _stub_compiles(monkeypatch)
@@ -84,6 +90,9 @@ def test_of_two_forms_the_faster_one_serves(monkeypatch, times, want):
     assert info["forms"][other]["status"] == ("replaced" if want == "whole" else "not used")
     assert info["forms"][want]["status"] == "in use"
     assert info["forms"]["whole"]["ready_s"] == 2.75 and info["ready_s"] == (2.75 if want == "whole" else 1.1)
+    # one trial an adoption: the second form timed with the one in use in the same rounds, not in a trial of its own
+    assert trials == [("layers", None), ("whole", "layers")]
+    assert info["forms"]["whole"]["in_use_us"] == times["layers"]
 
 
 def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):
@@ -92,8 +101,9 @@ def test_a_refused_first_form_leaves_the_second_to_serve(monkeypatch):
     monkeypatch.setenv("CYDNN_NVRTC_SPLIT", "1")
 
     class Net(_Forms):
-        def trial(self, cluster, kernel):
-            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
+        def trial(self, cluster, kernel, serving=None):
+            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0, **({} if serving is None else
+                                                                                  {"in_use": 30.0})}}
     net = Net()
     kernels = nvrtc_jobs.GeneratedKernels(net.src, net.trial)
     _stub_compiles(monkeypatch)
@@ -129,8 +139,9 @@ def _passing_kernels(monkeypatch, split, made=None):
     _stub_compiles(monkeypatch, made)
 
     class Net(_Forms):
-        def trial(self, cluster, kernel):
-            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0}}
+        def trial(self, cluster, kernel, serving=None):
+            return True, {"timed_us": {"interpreter": 40.0, "generated": 30.0, **({} if serving is None else
+                                                                                  {"in_use": 30.0})}}
     net = Net()
     return nvrtc_jobs.GeneratedKernels(net.src, net.trial), net
 

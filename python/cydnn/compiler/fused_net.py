@@ -200,9 +200,11 @@ class FusedNetwork:
         make = fused_net_gen.units if form == "layers" else fused_net_gen.source
         return make(bound, cluster, wcap, self._bufs[cluster], self.in_size, self.out_size, self.softmax)
 
-    def _trial(self, cluster, kernel):
+    def _trial(self, cluster, kernel, serving=None):
         """The generated kernel against the interpreter on one and on several random images: the same
-        outputs (within 1e-5: the same code and order, so in practice the same bits), then both timed."""
+        outputs (within 1e-5: the same code and order, so in practice the same bits), then both timed, in turn
+        over the same rounds; ``serving``: the generated kernel in use for ``cluster`` (another form), timed in
+        those rounds too (``timed_us["in_use"]``)."""
         n = min(self.capacity, 4)
         rng = np.random.default_rng(0)
         x = _C.to_device(rng.standard_normal(n * self.in_size).astype(np.float32))
@@ -220,12 +222,13 @@ class FusedNetwork:
             diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
             if not np.allclose(got, ref, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(ref).max()))):
                 return False, {"reason": f"self-test: {m} images differ from the interpreter's by {diff:.3g}"}
-        times = least_times({"interpreter": lambda: table.forward(x, self._dy, 1, cluster),
-                             "generated": lambda: table.forward(x, self._dy, 1, cluster, kernel)}, 20, TRIAL_ROUNDS,
-                            timer=time_calls)
-        interp, gen = times["interpreter"], times["generated"]
-        trial = {"max_diff": diff, "timed_us": {"interpreter": round(1e6 * interp, 1), "generated": round(1e6 * gen, 1)}}
-        return gen < interp, trial
+        candidates = {"interpreter": lambda: table.forward(x, self._dy, 1, cluster),
+                      "generated": lambda: table.forward(x, self._dy, 1, cluster, kernel)}
+        if serving is not None:
+            candidates["in_use"] = lambda: table.forward(x, self._dy, 1, cluster, serving)
+        times = least_times(candidates, 20, TRIAL_ROUNDS, timer=time_calls)
+        trial = {"max_diff": diff, "timed_us": {k: round(1e6 * t, 1) for k, t in times.items()}}
+        return times["generated"] < times["interpreter"], trial
 
     def forward(self, x, y, n, cluster):
         self.tables[cluster].forward(x, y, n, cluster, self.generated.get(cluster))

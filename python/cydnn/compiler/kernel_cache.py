@@ -2,8 +2,14 @@
 
 The same source, headers, options and NVRTC give equivalent code (not always the same bytes: NVRTC 13 vectorises some
 loads differently from one process to the next, docs/performance/zoo-session-36.md), so a program run again (a
-notebook re-run, a script, a service restarting) takes the cubin from disk in milliseconds instead of NVRTC's 0.3-2 s,
+notebook re-run, a script, a service restarting) takes the cubin from disk in milliseconds instead of NVRTC's 0.3-3 s,
 and keeps the same one.
+
+NVRTC 12.9+ has a cache of its own where a driver is loaded: what it compiled goes into the driver's compute cache
+(``~/.nv/ComputeCache``, ``$CUDA_CACHE_PATH``; ``$CUDA_CACHE_DISABLE=1`` turns it off) and the same source and
+options come back from it (the CNN's whole form in 0.1 s against 1.7-2.9 s cold on the H100's host, session 37).
+This cache is kept beside it: it serves where that one is off, full or evicted, or NVRTC is older, and it is
+cydnn's to clear.  Benchmarks that time compiles start both empty (benchmarks/bench_zoo.py: ``fresh_caches``).
 
 Where: ``$CYDNN_KERNEL_CACHE`` (a folder; ``0`` or ``off``: no cache), else ``$XDG_CACHE_HOME/cydnn/kernels``,
 else ``~/.cache/cydnn/kernels``.  An entry is ``<sha256 of everything the compile depends on>.cubin``,

@@ -266,8 +266,9 @@ def fresh_caches(environ=os.environ):
     """Empty folders for NVRTC's cache and for cydnn's kernel cache, for this process and the NVRTC children it
     starts, removed at exit; where ``$CUDA_CACHE_PATH`` or ``$CYDNN_KERNEL_CACHE`` is set, that one is kept.  NVRTC
     12.9+ stores what it compiled in the driver's compute cache (``~/.nv/ComputeCache``, ``$CUDA_CACHE_PATH``) and
-    serves the same source and options from it: session 37's second run on one machine had the CNN's whole form in
-    0.1 s of NVRTC against 1.7-2.9 s cold, and session 21's "off" level 0.06-0.09 s.  Returns the folders made."""
+    serves the same source and options from it (known since session 26, whose commands removed ~/.nv/ComputeCache by
+    hand; session 37's first call did not, and its second run on one machine had the CNN's whole form in 0.1 s of
+    NVRTC against 1.7-2.9 s cold; most likely session 21's unexplained 0.06-0.09 s too).  Returns the folders made."""
     made = {}
     for var, prefix in (("CUDA_CACHE_PATH", "cuda-cache-"), ("CYDNN_KERNEL_CACHE", "cydnn-kernels-")):
         if not environ.get(var):

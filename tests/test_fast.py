@@ -254,6 +254,35 @@ def test_compiled_step_matches_reference_loop(classic, opt_kind, max_shift, batc
 
 
 @gpu
+def test_the_next_epochs_order_is_drawn_while_an_epoch_runs(mnist, monkeypatch):
+    """The fused LeNet-5 epoch draws epoch e + 1's order and shift seeds while epoch e runs on the GPU, and starts
+    e + 1 with one device copy of them; where what decides them changed (here the loader's seed), e + 1's are
+    drawn again at its start."""
+    model = models.LeNet5(seed=5).to("cuda")
+    step = model.compile(optim.SGD(model.parameters(), lr=0.01), 64)
+    loader = _loader(mnist, model, 64 * 6 + 10, 64, max_shift=2)
+    drawn, real = [], datasets.DataLoader.permutation
+    monkeypatch.setattr(datasets.DataLoader, "permutation", lambda self, e: drawn.append(e) or real(self, e))
+
+    def seeds(epoch):
+        return np.array([loader.batch_seed(epoch, b) for b in range(7)], np.uint64)    # 6 batches and a tail
+    step.train_epoch(loader)                      # epoch 0's drawn at its start, epoch 1's while it ran
+    lenet = step._lenet
+    assert drawn == [0, 1] and step.info()["mode"] == "fused+graph"
+    np.testing.assert_array_equal(lenet._order_ahead.numpy(), real(loader, 1))
+    np.testing.assert_array_equal(lenet._seeds_ahead.numpy().view(np.uint64)[:7], seeds(1))
+    step.train_epoch(loader)                      # epoch 1 from what was drawn ahead; epoch 2's drawn
+    assert drawn == [0, 1, 2]
+    np.testing.assert_array_equal(lenet._order.numpy(), real(loader, 1))
+    np.testing.assert_array_equal(lenet._seeds.numpy().view(np.uint64)[:7], seeds(1))
+    loader.seed = 11                              # epoch 2's order is another one now: drawn again
+    step.train_epoch(loader)
+    assert drawn == [0, 1, 2, 2, 3]
+    np.testing.assert_array_equal(lenet._order.numpy(), real(loader, 2))
+    np.testing.assert_array_equal(lenet._seeds.numpy().view(np.uint64)[:7], seeds(2))
+
+
+@gpu
 def test_compiled_step_last_gradient_matches_reference(mnist):
     """One step from the same weights: the fused backward against the reference backward."""
     for classic in (False, True):

@@ -7,7 +7,7 @@ convolutions with bias, activation and pooling, the three linear layers and soft
 (:class:`LeNetPredictor`, numpy in / numpy out in one C call).  Training:
 :class:`LeNetEpoch` runs a whole epoch of the loader as three kernels per step
 (gather + forward + loss + backward; reduce + update; bookkeeping), in CUDA graphs of
-32 steps.  The planner (:mod:`cydnn.compiler.api`) picks them where they take the model.
+32 steps, the next epoch's sample order drawn on the host while the GPU runs this one.  The planner (:mod:`cydnn.compiler.api`) picks them where they take the model.
 """
 import threading
 import weakref

@@ -51,7 +51,8 @@ def instrument(text):
         if line.strip().startswith("if (rank == 0) write_output"):
             out.append(f"    STAMP({k});")
             k += 1
-        elif line.strip() == "cluster.sync();":
+        elif line.strip() in ("cluster.sync();", "__syncthreads();"):     # a layer's barrier (a block's own before
+            # a tail: cpp/fused_net_layers.cuh's linear_tail, whose rank-0 sum then falls in the "output" phase)
             out.append(f"        STAMP({k});")
             k += 1
     return STAMP + "\n".join(out), k

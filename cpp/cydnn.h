@@ -625,7 +625,12 @@ cydnnStatus_t cydnn_dropout_step(cydnnContext *ctx, const float *x, float *y, fl
  * per thread, 0: 1 channel x 1 pixel, 1: 1 x 4, 2: 4 x 1, 3: 4 x 4; 4, 5, 6: 4 x 1 shared by 4, 8,
  * 16 lanes, each taking every 4th, 8th, 16th input channel; 7: 4 x 4, a block's reduction split
  * between its threads (fused_net_wsplit.cuh).  A block stages the weights
- * of the output channels it computes in wcap floats of shared memory where they fit. */
+ * of the output channels it computes in wcap floats of shared memory where they fit.
+ * A linear layer's tile: 0, or 1 on the last layer only, a "tail": each block multiplies
+ * its own share of the input and rank 0 adds the blocks' partial sums (a linear layer
+ * right before it then keeps its outputs in its own block: no distributed stores and no
+ * cluster barrier after it); the same values in another summation order
+ * (fused_net_layers.cuh, linear_tail).  Inference only: the fused training step refuses it. */
 #define CYDNN_NET_MAX_LAYERS 32
 enum { CYDNN_NET_CONV = 0, CYDNN_NET_LINEAR = 1, CYDNN_NET_MAX_POOL = 2, CYDNN_NET_AVG_POOL = 3,
        CYDNN_NET_GLOBAL_AVG_POOL = 4, CYDNN_NET_EPILOGUE = 5 };

@@ -79,6 +79,13 @@ cydnnStatus_t cydnn_fused_net_check(const cydnnNet *net, size_t *smem_bytes) {
                                            (L.pool == CYDNN_NET_MAX_POOL || L.pool == CYDNN_NET_AVG_POOL)),
                       "layer %d: pool %d: a folded pooling is CYDNN_NET_MAX_POOL or _AVG_POOL on a convolution of "
                       "tile 7 with an output plane of 2x2 or more", l, L.pool);
+        if (L.op == CYDNN_NET_LINEAR) {
+            CYDNN_REQUIRE(op, L.tile == 0 || (L.tile == 1 && l == net->num_layers - 1),
+                          "layer %d: a linear layer's tile is 0, or 1 (a tail) on the last layer only, got %d", l,
+                          L.tile);
+            // a tail's partial sums (linear_tail): one row of k a block, at most 16 blocks, after its input
+            if (L.tile == 1 && (long)L.c + 16L * L.k > width) width = (long)L.c + 16L * L.k;
+        }
         CYDNN_REQUIRE(op, L.num_epi >= 0 && L.num_epi <= 3, "layer %d: %d epilogue steps", l, L.num_epi);
         for (int s = 0; s < L.num_epi; ++s)
             if (L.epi[s] == CYDNN_NET_EPI_BN)

@@ -68,8 +68,10 @@ __device__ __forceinline__ void linear_rows(const cydnnNetLayer &L, const float 
         for (int off = 16; off > 0; off /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
 }
 
+// `local`: the block stores its outputs into its own `next` only (the next layer is a tail, linear_tail, which
+// reads only the block's own share): no distributed stores, and the caller's barrier a __syncthreads.
 CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *next, cg::cluster_group &cluster,
-                             int rank, int ranks, float *part = nullptr) {
+                             int rank, int ranks, float *part = nullptr, bool local = false) {
     const int IN = L.c;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     long lo, hi;
@@ -90,6 +92,8 @@ CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *n
             const long o = o0 + r;
             if (parts > 1) {
                 if (lane == 0) part[(g * ROWS + r) * parts + p] = acc[r];
+            } else if (local) {
+                if (o < hi && lane == 0) next[o] = epilogue(L, acc[r], (int)o);
             } else if (o < hi && lane < ranks) {
                 cluster.map_shared_rank(next, lane)[o] = epilogue(L, acc[r], (int)o);
             }
@@ -97,12 +101,47 @@ CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *n
     }
     if (parts == 1) return;                           // block-uniform
     __syncthreads();
-    for (int t = threadIdx.x; t < rows * ranks; t += blockDim.x) {
+    for (int t = threadIdx.x; t < rows * (local ? 1 : ranks); t += blockDim.x) {
         const int row = t % rows, to = t / rows;
         float s = 0.0f;
         for (int q = 0; q < parts; ++q) s += part[row * parts + q];
-        cluster.map_shared_rank(next, to)[lo + row] = epilogue(L, s, (int)(lo + row));
+        (local ? next : cluster.map_shared_rank(next, to))[lo + row] = epilogue(L, s, (int)(lo + row));
     }
+}
+
+// A tail: the last layer, linear, of few outputs (a table's linear layer of tile 1; compiler/fused_net.py marks
+// it).  Every block holds its own share [lo, hi) of the input (share(L.c, ...), as the layer before gave it: a
+// linear layer before a tail stores only into its own block, `local`), multiplies it by those columns of the
+// weight -- a warp an output, the lanes over the share, a warp reduction -- and stores the L.k partial sums into
+// rank 0's `in` after the input, at L.c + rank * L.k (rank 0 reads nothing there until the barrier after this
+// layer; L.c + 16 * L.k floats fit: cydnn_fused_net_check).  After that cluster barrier rank 0 adds them up
+// (linear_tail_sum).  Against a linear layer: no output broadcast, and the layer before needs no cluster barrier.
+CYDNN_NET_FN void linear_tail(const cydnnNetLayer &L, const float *in, cg::cluster_group &cluster, int rank,
+                            int ranks) {
+    const long IN = L.c;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    long lo, hi;
+    share(IN, rank, ranks, lo, hi);
+    float *partial = cluster.map_shared_rank(const_cast<float *>(in), 0) + IN + (long)rank * L.k;
+    for (int j = warp; j < L.k; j += warps) {
+        const float *wr = L.weight + (long)j * IN;
+        float acc = 0.0f;
+        for (long o = lo + lane; o < hi; o += 32) acc = fmaf(CYDNN_NET_LDW(wr + o), in[o], acc);
+        for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) partial[j] = acc;
+    }
+}
+
+// Rank 0, after the barrier that follows linear_tail: output j = the epilogue of the blocks' partial sums added in
+// rank order, into `next`; then a block barrier (write_output reads them).
+CYDNN_NET_FN void linear_tail_sum(const cydnnNetLayer &L, const float *in, float *next, int ranks) {
+    const float *partial = in + L.c;
+    for (int j = threadIdx.x; j < L.k; j += blockDim.x) {
+        float s = 0.0f;
+        for (int r = 0; r < ranks; ++r) s += partial[(long)r * L.k + j];
+        next[j] = epilogue(L, s, j);
+    }
+    __syncthreads();
 }
 
 // Max or average pooling with PyTorch's rules: max ignores padding and NaN
@@ -246,17 +285,30 @@ CYDNN_NET_FN void forward_image(const cydnnNet &net, const float *x, float *y, f
     load_input(x, net.in_size, cur, cluster, rank, ranks);
     for (int l = 0; l < net.num_layers; ++l) {
         const cydnnNetLayer &L = net.layers[l];
+        // a linear layer before a tail keeps its outputs in its own block (linear_layer's `local`)
+        const bool local = l + 1 < net.num_layers && net.layers[l + 1].op == CYDNN_NET_LINEAR &&
+                           net.layers[l + 1].tile == 1 && L.op == CYDNN_NET_LINEAR;
         switch (L.op) {
             case CYDNN_NET_CONV:
                 conv_dispatch(L, cur, next, cluster, rank, ranks, wbuf, net.wcap, cur, buf_floats);
                 break;
-            case CYDNN_NET_LINEAR: linear_layer(L, cur, next, cluster, rank, ranks, red); break;
+            case CYDNN_NET_LINEAR:
+                if (L.tile == 1)
+                    linear_tail(L, cur, cluster, rank, ranks);
+                else
+                    linear_layer(L, cur, next, cluster, rank, ranks, red, local);
+                break;
             case CYDNN_NET_MAX_POOL: pool_layer(L, cur, next, cluster, rank, ranks, true); break;
             case CYDNN_NET_AVG_POOL: pool_layer(L, cur, next, cluster, rank, ranks, false); break;
             case CYDNN_NET_GLOBAL_AVG_POOL: gap_layer(L, cur, next, cluster, rank, ranks); break;
             default: epilogue_layer(L, cur, next, cluster, rank, ranks); break;
         }
-        cluster.sync();   // every block's slice has landed everywhere; nobody reads `cur` any more
+        if (local) {
+            __syncthreads();  // the tail reads only this block's own share
+        } else {
+            cluster.sync();   // every block's slice has landed everywhere; nobody reads `cur` any more
+        }
+        if (L.op == CYDNN_NET_LINEAR && L.tile == 1 && rank == 0) linear_tail_sum(L, cur, next, ranks);
         float *t = cur;
         cur = next;
         next = t;

@@ -68,6 +68,8 @@ cydnnStatus_t layout(const cydnnNet *net, int batch, int cluster, char *base, La
         }
         CYDNN_REQUIRE(op, acts <= 1, "layer %d: %d activations in one epilogue", l, acts);
         CYDNN_REQUIRE(op, L.pool == 0, "layer %d: a pooling folded into a convolution is not trained here", l);
+        CYDNN_REQUIRE(op, L.op != CYDNN_NET_LINEAR || L.tile == 0,
+                      "layer %d: a linear tail (tile 1) is the inference kernel's, not trained here", l);
         if (weighted(L)) {
             if (t.lowest < 0) t.lowest = l;
             if (L.op == CYDNN_NET_CONV)

@@ -77,6 +77,36 @@ def resident_idle_us(value=None, environ=None):
 #: 386 vs 297 us on the H100; docs/performance.md, "Session 18")
 RESIDENT_MIN_CLUSTER = 8
 
+#: the last layer runs as a "tail" (a linear layer of at most TAIL_MAX outputs right after a linear layer: each
+#: block multiplies its own share of the input, rank 0 adds the partial sums; the layer before keeps its outputs in
+#: its own block and needs no cluster barrier -- cpp/fused_net_layers.cuh, linear_tail) unless $CYDNN_FUSED_TAIL is 0
+TAIL_MAX = 64
+
+
+def tail_enabled(environ=None):
+    """``$CYDNN_FUSED_TAIL``: 1 (default) or 0 (every linear layer broadcasts its outputs); anything else is
+    refused."""
+    text = (os.environ if environ is None else environ).get("CYDNN_FUSED_TAIL", "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"CYDNN_FUSED_TAIL must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def mark_tail(layers, environ=None):
+    """``layers`` with the last one a tail (``tile`` 1, a copy of its dict) where it is a linear layer of at most
+    TAIL_MAX outputs after a linear layer and ``tail_enabled``; else ``layers`` as they are."""
+    if (not tail_enabled(environ) or len(layers) < 2 or layers[-1]["op"] != "linear"
+            or layers[-2]["op"] != "linear" or layers[-1]["k"] > TAIL_MAX):
+        return layers
+    return layers[:-1] + [dict(layers[-1], tile=1)]
+
+
+def tail_floats(layer):
+    """Floats of an activation buffer a tail needs: its input and the partial sums of up to 16 blocks (0 for
+    any other layer; cydnn_fused_net_check's rule)."""
+    return layer["c"] + 16 * layer["k"] if layer["op"] == "linear" and layer.get("tile") == 1 else 0
+
+
 _ACTS = {"relu": _C.ACT_RELU, "tanh": _C.ACT_TANH, "sigmoid": _C.ACT_SIGMOID, "leaky_relu": _C.ACT_LEAKY}
 def _epilogue_layer(shape):
     c = shape[1]
@@ -146,8 +176,8 @@ class FusedNetwork:
         self.in_size = int(np.prod(in_shape))
         self.out_shape = tuple(out_shape)
         self.out_size = int(np.prod(out_shape))
-        self.layers = layers
-        width = max([self.in_size] + [_size(layer) for layer in layers])
+        self.layers = layers = mark_tail(layers)
+        width = max([self.in_size] + [max(_size(layer), tail_floats(layer)) for layer in layers])
         self.tables, self._bound, self._bufs = {}, {}, {}
         self.softmax, self._buf_floats = bool(softmax), -(-width // 4) * 4
         room = SMEM_LIMIT // 4 - 2 * self._buf_floats      # floats left beside the two activation buffers
@@ -179,7 +209,7 @@ class FusedNetwork:
 
     @staticmethod
     def _bind(layer, ranks):
-        d = {k: v for k, v in layer.items() if k not in ("node", "bn")}
+        d = {k: v for k, v in layer.items() if k not in ("node", "bn")}    # (a tail keeps its tile 1)
         if layer["op"] == "conv":
             d["tile"] = _tile(layer, ranks)
         node = layer.get("node")
@@ -286,8 +316,9 @@ class FusedNetwork:
             steps = ["bias"] if layer["op"] in ("conv", "linear") and node.module.bias is not None else []
             steps += ["batch_norm" if e == _C.NET_EPI_BN else acts[layer["act"]] for e in layer["epi"]]
             name = node.name if node is not None else (bn.name if bn is not None else "-")
+            tail = "  (tail: each block's share of the input, partial sums added by block 0)" if tail_floats(layer) else ""
             lines.append(f"  {layer['op']:<16} {name:<16} {layer['c']}x{layer['h']}x{layer['w']} -> "
-                         f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}")
+                         f"{_size(layer):<8} epilogue: {' + '.join(steps) or '-'}{tail}")
         bound = getattr(self, "_bound", {}).get(CLUSTERS[-1], ([], 0))[0]
         tiles = [f"{d['tile']}{' + 2x2 pooling' if d.get('pool') else ''} {d.get('tile_us', {})}"
                  + (f" {d['fold_us']}" if "fold_us" in d else "") for d in bound if "tile_us" in d or "fold_us" in d]

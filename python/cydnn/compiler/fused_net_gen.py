@@ -64,7 +64,7 @@ _CONV = {7: ("conv_wsplit", ""), 6: ("conv_split", "16"), 5: ("conv_split", "8")
          2: ("conv_layer", "4, 1"), 1: ("conv_layer", "1, 4"), 0: ("conv_layer", "1, 1")}
 
 
-def _call(d, ranks=0, buf_floats=0, wcap=None):
+def _call(d, ranks=0, buf_floats=0, wcap=None, local=False):
     """The layer function call: for a convolution, the one template instance conv_dispatch and
     conv_sized / split_sized would reach for its tile and kernel size (instantiating only that one
     saves NVRTC most of its time).  Tile 7 on a cluster of ``ranks`` blocks with ``buf_floats`` of
@@ -73,9 +73,15 @@ def _call(d, ranks=0, buf_floats=0, wcap=None):
     of the cluster stages the layer's weights in ``wcap`` floats (fused_tiles.stages_all), the instance says
     so too (STAGED) and the reads through the read-only cache are not compiled: NVRTC had made a second copy
     of the layer's inner loop for them, which no block ran.  A linear layer gets the scratch of its split
-    between warps only where a block may split (fused_tiles.linear_splits)."""
-    if d["op"] == "linear" and not (ranks and fused_tiles.linear_splits(d, ranks)):
-        return _CALLS["linear"].replace(", red);", ", nullptr);")    # no block splits: the split not compiled
+    between warps only where a block may split (fused_tiles.linear_splits).  A tail (a linear layer of tile 1)
+    is ``linear_tail``; ``local``: the linear layer before a tail, which stores into its own block only."""
+    if d["op"] == "linear" and d.get("tile") == 1:
+        return "linear_tail(L, cur, cluster, rank, RANKS);"
+    if d["op"] == "linear":
+        call = _CALLS["linear"]
+        if not (ranks and fused_tiles.linear_splits(d, ranks)):
+            call = call.replace(", red);", ", nullptr);")                # no block splits: the split not compiled
+        return call.replace(");", ", true);") if local else call
     if d["op"] != "conv":
         return _CALLS[d["op"]]
     name, args = _CONV[int(d.get("tile", 0))]
@@ -101,9 +107,26 @@ def _prelude(ranks, wcap, buf_floats):
             "extern __shared__ float smem[];"]
 
 
-def _layer(i, d, ranks, buf_floats, arrays_from, wcap=None):
+def _local(layers, i):
+    """Whether layer ``i`` is a linear layer right before a tail (it keeps its outputs in its own block)."""
+    return (layers[i]["op"] == "linear" and i + 1 < len(layers) and layers[i + 1]["op"] == "linear"
+            and layers[i + 1].get("tile") == 1)
+
+
+def _after(layers, i):
+    """The lines after layer ``i``'s call: the barrier (a block's own after a layer before a tail, else the
+    cluster's), and after a tail rank 0's sum of the partials (as forward_image does)."""
+    if _local(layers, i):
+        return ["__syncthreads();"]
+    if layers[i]["op"] == "linear" and layers[i].get("tile") == 1:
+        return ["cluster.sync();", "if (rank == 0) linear_tail_sum(L, cur, next, RANKS);"]
+    return ["cluster.sync();"]
+
+
+def _layer(i, d, ranks, buf_floats, arrays_from, wcap=None, local=False):
     """The lines of layer ``i``: its table entry with the shapes as constants, then the call.  ``arrays_from``:
-    where its arrays come from (``net.layers[i].`` in the kernel, or "" where they are the function's arguments)."""
+    where its arrays come from (``net.layers[i].`` in the kernel, or "" where they are the function's arguments);
+    ``local``: ``_local``."""
     shape = " ".join(f"L.{f} = {int(d.get(f, 1 if f in _ONE else 0))};" for f in _SHAPE)
     epi = list(d.get("epi", ()))
     arrays = " ".join(f"L.{f} = {arrays_from}{f};" for f in _ARRAYS if d.get(f) is not None)
@@ -113,7 +136,7 @@ def _layer(i, d, ranks, buf_floats, arrays_from, wcap=None):
             f"L.num_epi = {len(epi)};" + "".join(f" L.epi[{s}] = {int(e)};" for s, e in enumerate(epi))
             + f" L.act = {int(d.get('act', 0))}; L.slope = {float(d.get('slope', 0.0))!r}f;"
             + f" L.bn_eps = {float(d.get('bn_eps', 0.0))!r}f;",
-            _call(d, ranks, buf_floats, wcap)]
+            _call(d, ranks, buf_floats, wcap, local)]
 
 
 def _kernel(in_size, out_size, softmax, body, last="cur"):
@@ -140,8 +163,9 @@ def source(layers, ranks, wcap, buf_floats, in_size, out_size, softmax):
     with every layer inlined (the "whole" form)."""
     body = []
     for i, d in enumerate(layers):
-        body += [f"    {{   // layer {i}: {d['op']}"] + ["        " + t for t in _layer(i, d, ranks, buf_floats, f"net.layers[{i}].", wcap)]
-        body += ["        cluster.sync();", "        float *t = cur; cur = next; next = t;", "    }"]
+        lines = _layer(i, d, ranks, buf_floats, f"net.layers[{i}].", wcap, _local(layers, i)) + _after(layers, i)
+        body += [f"    {{   // layer {i}: {d['op']}"] + ["        " + t for t in lines]
+        body += ["        float *t = cur; cur = next; next = t;", "    }"]
     lines = _prelude(ranks, wcap, buf_floats) + ["__shared__ float red[32];"] + _kernel(in_size, out_size, softmax, body)
     return "\n".join(lines) + "\n"
 
@@ -172,14 +196,14 @@ def units(layers, ranks, wcap, buf_floats, in_size, out_size, softmax, groups=No
                 "    (void)rank; (void)wbuf; (void)next; (void)red;"]
         for i in range(a, b):
             text += [f"    {{   // layer {i}: {layers[i]['op']}"]
-            text += ["        " + t for t in _layer(i, layers[i], ranks, buf_floats, f"l{i}_", wcap)]
+            text += ["        " + t for t in _layer(i, layers[i], ranks, buf_floats, f"l{i}_", wcap, _local(layers, i))]
+            text += ["        " + t for t in _after(layers, i)]       # the group's last barrier too: its own
             if i + 1 < b:
-                text += ["        cluster.sync();", "        float *t = cur; cur = next; next = t;"]
+                text += ["        float *t = cur; cur = next; next = t;"]
             text += ["    }"]
         out.append("\n".join(_prelude(ranks, wcap, buf_floats) + text + ["}"]) + "\n")
         decls.append(sig + ";")
-        body += [f"    cydnn_net_layer_{a}(" + ", ".join([f"net.layers[{i}].{f}" for i, f in names] + ["red"]) + ");",
-                 "    cluster.sync();"]
+        body += [f"    cydnn_net_layer_{a}(" + ", ".join([f"net.layers[{i}].{f}" for i, f in names] + ["red"]) + ");"]
     last = "smem + BUF" if len(layers) % 2 else "smem"
     out.append("\n".join(_prelude(ranks, wcap, buf_floats) + ["__shared__ float red[32];"] + decls
                          + _kernel(in_size, out_size, softmax, body, last)) + "\n")

@@ -178,6 +178,71 @@ cdef class FusedNet:
               "fused_net_forward")
 
 
+cdef class MappedCall:
+    """A one-image numpy call of a fused network with everything settled -- the table, the mapped buffers, the
+    cluster size, the kernel (a generated one, or None: the interpreter) and the image's shape -- so that the call
+    costs one Python call into C: what CompiledInference keeps for its one-image calls once their route no longer
+    changes (compiler/inference.py).  ``call(x)``: x a float32 C-contiguous numpy array of ``in_shape`` (one image,
+    the batch axis first) -> a new array (1, *out_shape), through the mapped buffers as FusedNet.run_mapped does;
+    None where x is anything else (the caller's general path then converts it or says what is wrong)."""
+    cdef FusedNet table
+    cdef MappedBuffer xin, yout
+    cdef readonly NetKernel kernel
+    cdef readonly int cluster
+    cdef int in_ndim, out_ndim
+    cdef cnp.npy_intp in_dims[8]
+    cdef cnp.npy_intp out_dims[8]
+    cdef size_t in_bytes, out_bytes
+
+    def __init__(self, FusedNet table not None, MappedBuffer xin not None, MappedBuffer yout not None, int cluster,
+                 NetKernel kernel, tuple in_shape not None, tuple out_shape not None):
+        if not 1 <= len(in_shape) <= 7 or not 0 <= len(out_shape) <= 7:
+            raise ValueError(f"fused_net_forward: shapes {in_shape} -> {out_shape}: at most 7 axes each")
+        if (int(np.prod(in_shape)) != table.net.in_size or int(np.prod(out_shape)) != table.net.out_size
+                or xin.nbytes < <size_t>table.net.in_size * 4 or yout.nbytes < <size_t>table.net.out_size * 4):
+            raise ValueError(f"fused_net_forward: one image of {in_shape} -> {out_shape} does not match the table "
+                             f"({table.net.in_size} -> {table.net.out_size} values) or the mapped buffers")
+        if kernel is not None and kernel.cluster != cluster:
+            raise ValueError(f"fused_net_forward: the generated kernel serves clusters of {kernel.cluster}, "
+                             f"asked for {cluster}")
+        self.table, self.xin, self.yout, self.kernel, self.cluster = table, xin, yout, kernel, cluster
+        self.in_ndim, self.out_ndim = len(in_shape) + 1, len(out_shape) + 1
+        self.in_dims[0] = self.out_dims[0] = 1
+        cdef int i
+        for i in range(len(in_shape)):
+            self.in_dims[i + 1] = in_shape[i]
+        for i in range(len(out_shape)):
+            self.out_dims[i + 1] = out_shape[i]
+        self.in_bytes = <size_t>table.net.in_size * 4
+        self.out_bytes = <size_t>table.net.out_size * 4
+
+    def __call__(self, x):
+        if not cnp.PyArray_CheckExact(x):
+            return None
+        cdef cnp.ndarray a = <cnp.ndarray>x
+        if (cnp.PyArray_TYPE(a) != cnp.NPY_FLOAT32 or not cnp.PyArray_IS_C_CONTIGUOUS(a)
+                or cnp.PyArray_NDIM(a) != self.in_ndim):
+            return None
+        cdef int i
+        for i in range(self.in_ndim):
+            if cnp.PyArray_DIMS(a)[i] != self.in_dims[i]:
+                return None
+        cdef cydnnContext *c = ctx()
+        cdef size_t count = self.out_bytes // 4
+        cdef bint written = False
+        memcpy(self.xin.host, cnp.PyArray_DATA(a), self.in_bytes)
+        cydnn_mapped_clear(self.yout.host, count)
+        check(_net_launch(c, &self.table.net, <const float *>self.xin.device, 1, <float *>self.yout.device,
+                          self.cluster, self.kernel), "fused_net_forward")
+        with nogil:
+            written = cydnn_mapped_written(self.yout.host, count, CYDNN_MAPPED_SPIN_NS)
+        if not written:
+            check(cydnn_context_synchronize(c), "fused_net_forward")
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(self.out_ndim, self.out_dims, cnp.NPY_FLOAT32, 0)
+        memcpy(cnp.PyArray_DATA(out), self.yout.host, self.out_bytes)
+        return out
+
+
 cdef class ResidentNet:
     """One-image calls of a FusedNet served by a kernel that stays on the GPU between calls
     (cpp/fused_net_resident.cu): no launch and no stream synchronisation per call.  The kernel

@@ -173,7 +173,7 @@ class FusedNetwork:
         on = fused_net_gen.enabled()
         fused_net_gen.fast_compile()              # a wrong $CYDNN_NVRTC_FAST_COMPILE is refused here, not later
         fused_net_gen.split_layers()              # and a wrong $CYDNN_NVRTC_SPLIT
-        self.in_size = int(np.prod(in_shape))
+        self.in_shape, self.in_size = tuple(int(v) for v in in_shape), int(np.prod(in_shape))
         self.out_shape = tuple(out_shape)
         self.out_size = int(np.prod(out_shape))
         self.layers = layers = mark_tail(layers)
@@ -279,18 +279,34 @@ class FusedNetwork:
             if resident is not None:
                 self.served["resident" if resident.run(x, out) else "launched"] += 1
                 return out
-        if n <= MAPPED_ROWS and self._mapped is None:
+        if n <= MAPPED_ROWS and self._mapped_buffers():
+            self.tables[cluster].run_mapped(x, out, *self._mapped, cluster, kernel)
+        else:
+            self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster, kernel)
+        return out
+
+    def mapped_call(self, cluster):
+        """A ``_C.MappedCall`` for one-image numpy calls on ``cluster``, with the kernel in use now (the caller
+        checks ``generated.changes`` before each call), or None where ``run_host`` would take another way: the
+        resident kernel, or no mapped memory."""
+        kernel = self.generated.get(cluster)
+        if kernel is None and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
+            return None
+        if not self._mapped_buffers():
+            return None
+        return _C.MappedCall(self.tables[cluster], *self._mapped, cluster, kernel, self.in_shape, self.out_shape)
+
+    def _mapped_buffers(self):
+        """The mapped pinned in/out buffers of MAPPED_ROWS images (made on first use), or False where the
+        system refused them (``mapped_reason`` says why)."""
+        if self._mapped is None:
             try:
                 self._mapped = (_C.MappedBuffer(4 * MAPPED_ROWS * self.in_size),
                                 _C.MappedBuffer(4 * MAPPED_ROWS * self.out_size))
             except _C.CydnnError as e:
                 self._mapped = False
                 self.mapped_reason = str(e)
-        if n <= MAPPED_ROWS and self._mapped:
-            self.tables[cluster].run_mapped(x, out, *self._mapped, cluster, kernel)
-        else:
-            self.tables[cluster].run_host(x, out, self._dx, self._dy, cluster, kernel)
-        return out
+        return self._mapped
 
     def _resident(self, cluster):
         """The resident kernel for ``cluster`` (made now), or None with the reason kept."""

@@ -242,6 +242,7 @@ class GeneratedKernels:
         # would keep its device buffers until the next garbage collection instead of until it goes
         self._make_source, self._trial = weakref.WeakMethod(make_source), weakref.WeakMethod(trial)
         self._pending, self._ready, self.info, self._looked = {}, {}, {}, {}
+        self.changes = 0                   # counts what may change a kernel in use: a start, a drop, a form adopted
         self.reason = None if on else "off (CYDNN_FUSED_GEN=0)"
         self._born = time.perf_counter()
 
@@ -262,6 +263,7 @@ class GeneratedKernels:
             self._pending[cluster] = ({"layers": Linked(make(cluster, "layers"))} if layers else {})
             self._pending[cluster]["whole"] = whole
             self.info[cluster] = {"status": "compiling"}
+            self.changes += 1
         return cluster in self._pending or cluster in self._ready
 
     def drop(self, cluster, why):
@@ -269,6 +271,7 @@ class GeneratedKernels:
         them, so that a later ``start`` compiles it again; a kernel already in use stays."""
         if cluster in self._ready:
             return
+        self.changes += 1
         for gen in self._pending.pop(cluster, {}).values():
             gen.kill(why)
         self.info.pop(cluster, None)
@@ -304,6 +307,7 @@ class GeneratedKernels:
         for form, gen in list(forms.items()):
             if gen.done():
                 del forms[form]
+                self.changes += 1
                 self._adopt(cluster, form, gen)
         if not forms:
             del self._pending[cluster]

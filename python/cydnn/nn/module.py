@@ -308,6 +308,7 @@ class Module:
                 if array is not None and np.issubdtype(np.dtype(array.dtype), np.floating):
                     module._buffers[name] = move(array)
             module._device = device
+        _version[0] += 1           # a model without parameters moves too: its compiled plans look again
         return self
 
     def _cast(self, dtype):

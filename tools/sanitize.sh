@@ -52,7 +52,8 @@ for tool in $TOOLS; do
   rc2=$(( rc2 | $? ))
   # The fused network (fused_net.cu): every layer kind at every cluster size; inputs and outputs in
   # mapped host memory; every convolution tile (the split one's scratch in the input buffer) on three shapes; the
-  # linear layer split between warps (its parts in shared memory), float4 and float inputs; the generated kernel's
+  # linear layer split between warps (its parts in shared memory), float4 and float inputs; the last linear layer as
+  # a tail (linear_tail: partial sums stored into block 0; the zoo's networks above run one too); the generated kernel's
   # layers form (relocatable units linked by the driver) on two networks -- on the MLP alone under racecheck: the
   # CNN's test did not end in 430 s there (H100, session 28; memcheck took 6 s for both).
   layers="layers_form_gives and (cnn32 or mlp)"
@@ -60,7 +61,7 @@ for tool in $TOOLS; do
   "$SAN" --tool "$tool" --error-exitcode 86 python3 -m pytest -q -x -p no:cacheprovider \
       tests/test_fused_net.py tests/test_fused_net_tiles.py tests/test_fused_net_linear.py tests/test_fused_net_gen.py \
       -k "every_cluster or mapped_and_staged or every_tile_gives and (mid or odd or deeper) \
-or split_between_warps and (2048 or 1537) or $layers" >>"$log" 2>&1
+or split_between_warps and (2048 or 1537) or a_tail_gives and (5-33-20 or 128-10-1536) or $layers" >>"$log" 2>&1
   rc2=$(( rc2 | $? ))
   # The implicit-GEMM convolution (conv_igemm.cu): every tile, split reductions, the data gradient beside cuDNN's
   # filter gradient on the second stream; three shapes (partial tiles, a 7x7 plane, 27 chunks).

@@ -50,6 +50,9 @@ def test_one_image_calls_take_the_route_and_see_every_change(name, monkeypatch):
     second = infer(x)                                     # settles the route
     assert calls["general"] == 2 and infer._one is not None
     cluster = infer._one[3].cluster
+    assert infer.info()["one_image_route"] == {"cluster": cluster, "generated": False}
+    assert infer.explain(1).startswith(f"one numpy image takes a settled route: one C call into the fused network "
+                                       f"(cluster {cluster}, the interpreter)")
     third = infer(x)
     assert calls["general"] == 2, "the settled route serves the call"
     assert third.shape == (1,) + infer.out_shape and third.dtype == np.float32

@@ -304,6 +304,11 @@ class CompiledInference:
         if fused is not None and fused.net is not None and fused.clusters.get(batch) not in (None, "?"):
             text = (f"batches of {batch} run the fused network (cluster {fused.clusters[batch]}, timed "
                     f"{fused.timed_us[batch]} us):\n{fused.net.explain()}\nthe plan it was timed against:\n" + text)
+        one = self._one
+        if batch == 1 and one is not None:
+            text = (f"one numpy image takes a settled route: one C call into the fused network (cluster "
+                    f"{one[3].cluster}, {'its generated kernel' if one[3].kernel is not None else 'the interpreter'}), "
+                    f"checked against the structure version and the generated kernels' changes\n" + text)
         if self._lenet is not None:
             text = ("numpy images run on the fused LeNet-5 kernel (one launch: preprocessing, both convolutions "
                     "with bias, activation and pooling, fc1-fc3, softmax); DeviceArray inputs run this plan:\n"
@@ -338,4 +343,6 @@ class CompiledInference:
                                              (fused.net.generated.reason or
                                               {c: dict(v) for c, v in fused.net.generated.info.items()}))}),
                 "buckets": {b: (r.bound.graph.kernel_count if r.bound.graph is not None else None)
-                            for b, r in self._runners.items()}}
+                            for b, r in self._runners.items()},
+                "one_image_route": (None if self._one is None else
+                                    {"cluster": self._one[3].cluster, "generated": self._one[3].kernel is not None})}

@@ -93,6 +93,10 @@ def test_the_last_linear_layer_after_a_linear_layer_becomes_a_tail(monkeypatch):
     assert fused_net.mark_tail(wide) is wide
     assert fused_net.mark_tail(mlp, {"CYDNN_FUSED_TAIL": "0"}) is mlp
     assert fused_net.mark_tail(mlp[-1:]) == mlp[-1:]                     # nothing before it
+    # an input that fits the shared memory whose partial sums beside it would not: no tail (the table would be refused)
+    c = fused_net.SMEM_LIMIT // 8 - 8
+    big = [dict(mlp[0], k=c), dict(mlp[-1], c=c)]
+    assert fused_net.mark_tail(big) is big and fused_net.mark_tail([big[0], dict(big[1], c=c - 160)])[-1]["tile"] == 1
     with pytest.raises(ValueError, match="CYDNN_FUSED_TAIL must be 0 or 1, got 'yes'"):
         fused_net.tail_enabled({"CYDNN_FUSED_TAIL": "yes"})
 

@@ -94,9 +94,11 @@ def tail_enabled(environ=None):
 
 def mark_tail(layers, environ=None):
     """``layers`` with the last one a tail (``tile`` 1, a copy of its dict) where it is a linear layer of at most
-    TAIL_MAX outputs after a linear layer and ``tail_enabled``; else ``layers`` as they are."""
+    TAIL_MAX outputs after a linear layer, its partial sums fit the shared memory beside its input (``tail_floats``
+    in each of the two buffers) and ``tail_enabled``; else ``layers`` as they are."""
     if (not tail_enabled(environ) or len(layers) < 2 or layers[-1]["op"] != "linear"
-            or layers[-2]["op"] != "linear" or layers[-1]["k"] > TAIL_MAX):
+            or layers[-2]["op"] != "linear" or layers[-1]["k"] > TAIL_MAX
+            or 8 * (layers[-1]["c"] + 16 * layers[-1]["k"]) > SMEM_LIMIT):
         return layers
     return layers[:-1] + [dict(layers[-1], tile=1)]
 

@@ -5,7 +5,9 @@ the structure version (a parameter, buffer or module replaced, the model moved) 
 changes.  GPU: the route is taken, gives the general path's bits and the reference's values, and every change a
 user can make is seen -- weights updated in place, a parameter replaced, load_state_dict, the model moved to the
 CPU, the model gone --; inputs it does not take (other dtypes, strides, batch sizes, DeviceArrays) go the general
-way; a generated kernel adopted later is the one the route then runs."""
+way; a generated kernel adopted later is the one the route then runs.  CPU (the fused network and its C calls stood
+in for): when the route is taken, kept, made again or not made at all -- a new structure version, the kernels'
+changes, another cluster, a compile running, a bucket hoping, a weakly held model gone."""
 import gc
 
 import numpy as np
@@ -155,3 +157,116 @@ def test_the_route_runs_the_generated_kernel_once_it_is_adopted(monkeypatch):
     np.testing.assert_array_equal(infer(x), want)
     np.testing.assert_array_equal(infer(x), net.run_host(x, route[3].cluster))
     np.testing.assert_allclose(want, _reference(model, x), rtol=1e-5, atol=2e-6)
+
+
+# ---------------------------------------------------------------------- CPU: when the route holds (stand-ins)
+class _Call:
+    """Stands in for _C.MappedCall: records its calls, answers x + 1 for one float32 image, None otherwise."""
+    def __init__(self, cluster, kernel=None):
+        self.cluster, self.kernel, self.calls = cluster, kernel, 0
+
+    def __call__(self, x):
+        if type(x) is not np.ndarray or x.dtype != np.float32 or x.shape[0] != 1:
+            return None
+        self.calls += 1
+        return x + 1
+
+
+class _Generated:
+    def __init__(self):
+        self.changes, self.busy = 0, False
+
+    def compiling(self, cluster):
+        return self.busy
+
+
+class _Net:
+    def __init__(self):
+        self.generated, self.made, self.hosted = _Generated(), [], 0
+
+    def mapped_call(self, cluster):
+        self.made.append(_Call(cluster))
+        return self.made[-1]
+
+    def run_host(self, x, cluster):
+        self.hosted += 1
+        return x + 1
+
+
+class _Fused:
+    def __init__(self):
+        self.net, self.hoped, self.clusters = _Net(), {}, {1: 16, 2: 16}
+
+    def cluster(self, bucket):
+        return self.clusters.get(bucket, "?")
+
+
+def _stand_in(monkeypatch):
+    """A CompiledInference of the test zoo's MLP whose fused network and GPU calls are stand-ins (no GPU): what
+    its __call__ and _settle_one decide is real."""
+    import weakref
+    from cydnn.compiler import binding, inference
+    make, shape = ZOO["mlp"]
+    model = make()
+    infer = inference.CompiledInference(model, shape)
+    monkeypatch.setattr(type(model), "device", property(lambda self: "cuda"))
+    infer._sig, infer._fused = binding.signature(model), _Fused()
+    infer.reason, infer.preprocess = "", None
+    monkeypatch.setattr(infer, "_fresh", lambda: infer.model)     # (raises ReferenceError once a weak model is gone)
+    return model, infer, np.zeros((1,) + shape, np.float32), weakref
+
+
+def test_the_route_holds_only_while_nothing_changed(monkeypatch):
+    model, infer, x, _ = _stand_in(monkeypatch)
+    net = infer._fused.net
+    infer(x)
+    assert net.hosted == 1 and len(net.made) == 1 and infer._one is not None       # settled by the general path
+    infer(x)
+    infer(x)
+    assert net.hosted == 1 and net.made[0].calls == 2                               # the route served
+    model[1].weight = nn.Parameter(np.zeros((128, 784), np.float32))               # a new structure version
+    infer(x)
+    assert net.hosted == 2 and net.made[0].calls == 2 and len(net.made) == 1        # general, same call kept
+    infer(x)
+    assert net.made[0].calls == 3
+    net.generated.changes += 1                                                      # e.g. a form adopted
+    infer(x)
+    assert net.hosted == 3 and len(net.made) == 2                                   # general, a new call made
+    infer(x)
+    assert net.made[1].calls == 1
+    infer(np.concatenate([x, x]))                                                   # not one image: general
+    assert net.hosted == 4 and net.made[1].calls == 1
+    infer._fused.clusters[1] = 8                                                    # another cluster chosen
+    model[1].bias = nn.Parameter(np.zeros(128, np.float32))
+    infer(x)
+    assert net.made[-1].cluster == 8 and len(net.made) == 3
+
+
+def test_no_route_while_a_kernel_compiles_or_a_bucket_hopes(monkeypatch):
+    _, infer, x, _ = _stand_in(monkeypatch)
+    net = infer._fused.net
+    net.generated.busy = True
+    infer(x)
+    infer(x)
+    assert net.hosted == 2 and infer._one is None and not net.made
+    net.generated.busy = False
+    infer._fused.hoped[1] = (16, None, None)
+    infer(x)
+    assert net.hosted == 3 and infer._one is None
+    del infer._fused.hoped[1]
+    infer(x)
+    infer(x)
+    assert net.hosted == 4 and net.made[0].calls == 1
+
+
+def test_the_route_of_a_weakly_held_model_that_is_gone_is_not_taken(monkeypatch):
+    model, infer, x, weakref = _stand_in(monkeypatch)
+    infer._model = weakref.ref(model)
+    infer(x)
+    infer(x)
+    assert infer._fused.net.made[0].calls == 1
+    del model
+    gc.collect()
+    with pytest.raises(ReferenceError, match="its model no longer exists"):
+        infer(x)
+    assert infer._fused.net.made[0].calls == 1

@@ -116,13 +116,12 @@ CYDNN_NET_FN void linear_layer(const cydnnNetLayer &L, const float *in, float *n
 // rank 0's `in` after the input, at L.c + rank * L.k (rank 0 reads nothing there until the barrier after this
 // layer; L.c + 16 * L.k floats fit: cydnn_fused_net_check).  After that cluster barrier rank 0 adds them up
 // (linear_tail_sum).  Against a linear layer: no output broadcast, and the layer before needs no cluster barrier.
-CYDNN_NET_FN void linear_tail(const cydnnNetLayer &L, const float *in, cg::cluster_group &cluster, int rank,
-                            int ranks) {
+CYDNN_NET_FN void linear_tail(const cydnnNetLayer &L, float *in, cg::cluster_group &cluster, int rank, int ranks) {
     const long IN = L.c;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     long lo, hi;
     share(IN, rank, ranks, lo, hi);
-    float *partial = cluster.map_shared_rank(const_cast<float *>(in), 0) + IN + (long)rank * L.k;
+    float *partial = cluster.map_shared_rank(in, 0) + IN + (long)rank * L.k;
     for (int j = warp; j < L.k; j += warps) {
         const float *wr = L.weight + (long)j * IN;
         float acc = 0.0f;

@@ -67,6 +67,31 @@ cdef cydnnStatus_t _net_launch(cydnnContext *c, const cydnnNet *net, const float
     return cydnn_fused_net_launch(c, net, x, n, y, cluster, kernel.k)
 
 
+# A call of n images through mapped memory (FusedNet.run_mapped, MappedCall), in two halves: the images into `xin`,
+# the outputs in `yout` set pending, one launch; then the wait -- for every output word, at most spin_ns, else (or 0)
+# the stream's synchronisation, which also raises a kernel's error -- and the outputs copied into `out`.  The caller
+# has checked that the buffers hold n images.
+cdef int _mapped_launch(const cydnnNet *net, const void *x, int n, MappedBuffer xin, MappedBuffer yout, int cluster,
+                        NetKernel kernel) except -1:
+    memcpy(xin.host, x, <size_t>n * net.in_size * 4)
+    cydnn_mapped_clear(yout.host, <size_t>n * net.out_size)
+    check(_net_launch(ctx(), net, <const float *>xin.device, n, <float *>yout.device, cluster, kernel),
+          "fused_net_forward")
+    return 0
+
+
+cdef int _mapped_finish(const cydnnNet *net, void *out, int n, MappedBuffer yout, long long spin_ns) except -1:
+    cdef size_t count = <size_t>n * net.out_size
+    cdef bint written = False
+    if spin_ns > 0:
+        with nogil:
+            written = cydnn_mapped_written(yout.host, count, spin_ns)
+    if not written:
+        check(cydnn_context_synchronize(ctx()), "fused_net_forward")
+    memcpy(out, yout.host, count * 4)
+    return 0
+
+
 cdef class FusedNet:
     """A network table (cydnnNet) over DeviceArrays, checked once (cydnn_fused_net_check).
 
@@ -144,19 +169,8 @@ cdef class FusedNet:
         if in_bytes > xin.nbytes or out_bytes > yout.nbytes:
             raise ValueError(f"fused_net_forward: mapped buffers of {xin.nbytes} and {yout.nbytes} bytes cannot hold "
                              f"{n} images ({in_bytes} and {out_bytes} bytes)")
-        cdef cydnnContext *c = ctx()
-        cdef size_t count = out_bytes // 4
-        cdef bint written = False
-        memcpy(xin.host, cnp.PyArray_DATA(x), in_bytes)
-        cydnn_mapped_clear(yout.host, count)
-        check(_net_launch(c, &self.net, <const float *>xin.device, n, <float *>yout.device, cluster, kernel),
-              "fused_net_forward")
-        if spin_ns > 0:
-            with nogil:
-                written = cydnn_mapped_written(yout.host, count, spin_ns)
-        if not written:
-            check(cydnn_context_synchronize(c), "fused_net_forward")
-        memcpy(cnp.PyArray_DATA(out), yout.host, out_bytes)
+        _mapped_launch(&self.net, cnp.PyArray_DATA(x), n, xin, yout, cluster, kernel)
+        _mapped_finish(&self.net, cnp.PyArray_DATA(out), n, yout, spin_ns)
 
     def run_host(self, cnp.ndarray x not None, cnp.ndarray out not None, DeviceArray dx not None,
                  DeviceArray dy not None, int cluster=1, NetKernel kernel=None):
@@ -192,7 +206,6 @@ cdef class MappedCall:
     cdef int in_ndim, out_ndim
     cdef cnp.npy_intp in_dims[8]
     cdef cnp.npy_intp out_dims[8]
-    cdef size_t in_bytes, out_bytes
 
     def __init__(self, FusedNet table not None, MappedBuffer xin not None, MappedBuffer yout not None, int cluster,
                  NetKernel kernel, tuple in_shape not None, tuple out_shape not None):
@@ -213,8 +226,6 @@ cdef class MappedCall:
             self.in_dims[i + 1] = in_shape[i]
         for i in range(len(out_shape)):
             self.out_dims[i + 1] = out_shape[i]
-        self.in_bytes = <size_t>table.net.in_size * 4
-        self.out_bytes = <size_t>table.net.out_size * 4
 
     def __call__(self, x):
         if not cnp.PyArray_CheckExact(x):
@@ -227,19 +238,9 @@ cdef class MappedCall:
         for i in range(self.in_ndim):
             if cnp.PyArray_DIMS(a)[i] != self.in_dims[i]:
                 return None
-        cdef cydnnContext *c = ctx()
-        cdef size_t count = self.out_bytes // 4
-        cdef bint written = False
-        memcpy(self.xin.host, cnp.PyArray_DATA(a), self.in_bytes)
-        cydnn_mapped_clear(self.yout.host, count)
-        check(_net_launch(c, &self.table.net, <const float *>self.xin.device, 1, <float *>self.yout.device,
-                          self.cluster, self.kernel), "fused_net_forward")
-        with nogil:
-            written = cydnn_mapped_written(self.yout.host, count, CYDNN_MAPPED_SPIN_NS)
-        if not written:
-            check(cydnn_context_synchronize(c), "fused_net_forward")
-        cdef cnp.ndarray out = cnp.PyArray_EMPTY(self.out_ndim, self.out_dims, cnp.NPY_FLOAT32, 0)
-        memcpy(cnp.PyArray_DATA(out), self.yout.host, self.out_bytes)
+        _mapped_launch(&self.table.net, cnp.PyArray_DATA(a), 1, self.xin, self.yout, self.cluster, self.kernel)
+        cdef cnp.ndarray out = cnp.PyArray_EMPTY(self.out_ndim, self.out_dims, cnp.NPY_FLOAT32, 0)  # while it runs
+        _mapped_finish(&self.table.net, cnp.PyArray_DATA(out), 1, self.yout, CYDNN_MAPPED_SPIN_NS)
         return out
 
 

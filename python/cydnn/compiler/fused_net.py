@@ -97,10 +97,10 @@ def mark_tail(layers, environ=None):
     TAIL_MAX outputs after a linear layer, its partial sums fit the shared memory beside its input (``tail_floats``
     in each of the two buffers) and ``tail_enabled``; else ``layers`` as they are."""
     if (not tail_enabled(environ) or len(layers) < 2 or layers[-1]["op"] != "linear"
-            or layers[-2]["op"] != "linear" or layers[-1]["k"] > TAIL_MAX
-            or 8 * (layers[-1]["c"] + 16 * layers[-1]["k"]) > SMEM_LIMIT):
+            or layers[-2]["op"] != "linear" or layers[-1]["k"] > TAIL_MAX):
         return layers
-    return layers[:-1] + [dict(layers[-1], tile=1)]
+    tail = dict(layers[-1], tile=1)
+    return layers if 8 * tail_floats(tail) > SMEM_LIMIT else layers[:-1] + [tail]
 
 
 def tail_floats(layer):

@@ -86,10 +86,7 @@ TAIL_MAX = 64
 def tail_enabled(environ=None):
     """``$CYDNN_FUSED_TAIL``: 1 (default) or 0 (every linear layer broadcasts its outputs); anything else is
     refused."""
-    text = (os.environ if environ is None else environ).get("CYDNN_FUSED_TAIL", "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"CYDNN_FUSED_TAIL must be 0 or 1, got {text!r}")
-    return text == "1"
+    return fused_net_gen._switch("CYDNN_FUSED_TAIL", environ)
 
 
 def mark_tail(layers, environ=None):
@@ -276,7 +273,7 @@ class FusedNetwork:
         n = x.shape[0]
         out = np.empty((n,) + self.out_shape, np.float32)
         kernel = self.generated.get(cluster)
-        if n == 1 and kernel is None and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
+        if n == 1 and self._resident_serves(cluster, kernel):
             resident = self._residents.get(cluster) or self._resident(cluster)
             if resident is not None:
                 self.served["resident" if resident.run(x, out) else "launched"] += 1
@@ -292,11 +289,14 @@ class FusedNetwork:
         checks ``generated.changes`` before each call), or None where ``run_host`` would take another way: the
         resident kernel, or no mapped memory."""
         kernel = self.generated.get(cluster)
-        if kernel is None and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None:
-            return None
-        if not self._mapped_buffers():
+        if self._resident_serves(cluster, kernel) or not self._mapped_buffers():
             return None
         return _C.MappedCall(self.tables[cluster], *self._mapped, cluster, kernel, self.in_shape, self.out_shape)
+
+    def _resident_serves(self, cluster, kernel):
+        """Whether one image on ``cluster`` goes to the resident kernel (``run_host``), ``kernel`` being the generated
+        kernel in use there: where it is asked for, the cluster is large enough and no generated kernel serves."""
+        return kernel is None and cluster >= RESIDENT_MIN_CLUSTER and self.resident_reason is None
 
     def _mapped_buffers(self):
         """The mapped pinned in/out buffers of MAPPED_ROWS images (made on first use), or False where the
